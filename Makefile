@@ -1,0 +1,32 @@
+# The project's contract: `make serve` and `make test` on a fresh machine.
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+STAMP     := $(VENV)/.vllm_npu-installed
+MODEL     ?= models/tiny-llama
+HOST      ?= 127.0.0.1
+PORT      ?= 8000
+SERVE_ARGS ?= --max-model-len 1024
+
+.PHONY: install model serve test bench
+
+install: $(STAMP)
+
+# Re-runs only when the package metadata or the installer changed.
+$(STAMP): pyproject.toml tools/install.sh tools/fetch_sdist.py
+	bash tools/install.sh
+	touch $@
+
+$(MODEL)/config.json: | $(STAMP)
+	$(PY) -m vllm_npu.testing.tiny_model $(MODEL) --arch llama
+
+model: install $(MODEL)/config.json
+
+serve: model
+	$(VENV)/bin/vllm serve $(MODEL) --device npu --host $(HOST) --port $(PORT) \
+		--served-model-name tiny-llama $(SERVE_ARGS)
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install
+	$(PY) benchmarks/step_overhead.py

@@ -1,0 +1,32 @@
+"""Shared fixtures: tiny local models (no hub) and the backend the tests run on."""
+from __future__ import annotations
+
+import os
+
+# Offline LLM tests run the engine in-process: much faster to start, same code paths.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, str]:
+    from vllm_npu.testing.tiny_model import ARCHS, build_tiny_model
+
+    root = tmp_path_factory.mktemp("models")
+    return {arch: build_tiny_model(str(root / f"tiny-{arch}"), arch=arch) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def simulated() -> bool:
+    from vllm_npu.device import select_backend
+
+    return select_backend().simulated
+
+
+@pytest.fixture(scope="session")
+def parity_dtype(simulated) -> str:
+    """Token-exact parity with HF needs float32, which only the simulated NPU runs."""
+    if not simulated:
+        pytest.skip("float32 parity runs on the simulated NPU; devices take fp16/bf16 only")
+    return "float32"

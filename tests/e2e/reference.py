@@ -1,0 +1,38 @@
+"""Independent reference: greedy decoding with HF transformers, float32, on the CPU."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.cache
+def _model(path: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@torch.inference_mode()
+def hf_greedy(path: str, prompt_ids: list[int], max_tokens: int) -> list[int]:
+    """`max_tokens` greedy tokens after `prompt_ids` (EOS ignored, as with ignore_eos)."""
+    model = _model(path)
+    out = model(torch.tensor([prompt_ids]), use_cache=True)
+    generated: list[int] = []
+    for _ in range(max_tokens):
+        token = int(out.logits[0, -1].argmax())
+        generated.append(token)
+        out = model(torch.tensor([[token]]), past_key_values=out.past_key_values,
+                    use_cache=True)
+    return generated
+
+
+def tokenize(path: str, text: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)(text).input_ids
+
+
+def random_prompt(seed: int, length: int, vocab: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(2, vocab, (length,), generator=g).tolist()

@@ -1,0 +1,38 @@
+"""The patch registry: every patch documented, applied only where needed, idempotent."""
+from __future__ import annotations
+
+import importlib
+import os
+
+import vllm_npu.patch as patch_pkg
+
+
+def test_registry_lists_exactly_the_patch_files():
+    folder = os.path.dirname(patch_pkg.__file__)
+    files = sorted(f[:-3] for f in os.listdir(folder) if f.startswith("patch_"))
+    assert sorted(patch_pkg.PATCHES) == files
+
+
+def test_every_patch_says_what_why_and_when_it_can_go():
+    for name in patch_pkg.PATCHES:
+        module = importlib.import_module(f"vllm_npu.patch.{name}")
+        doc = module.__doc__ or ""
+        for section in ("What:", "Why:", "Remove when:"):
+            assert section in doc, f"{name} lacks {section!r}"
+        assert callable(module.applies) and callable(module.apply)
+
+
+def test_cleanup_patch_is_applied_in_simulation_and_idempotent(simulated):
+    import vllm.distributed as dist
+    import vllm.distributed.parallel_state as ps
+    import vllm.v1.engine.core as core
+
+    applied = patch_pkg.apply_all()
+    assert ("patch_accelerator_cleanup" in applied) == simulated
+    if simulated:
+        wrapped = ps.cleanup_dist_env_and_memory
+        assert getattr(wrapped, "_vllm_npu_patched", False)
+        assert dist.cleanup_dist_env_and_memory is wrapped
+        assert core.cleanup_dist_env_and_memory is wrapped
+        patch_pkg.apply_all()
+        assert ps.cleanup_dist_env_and_memory is wrapped  # not wrapped twice

@@ -1,0 +1,105 @@
+"""NPUPlatform's surface as vLLM sees it (on the simulated NPU here)."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from vllm_npu import platform as npu_platform
+from vllm_npu.platform import NPUPlatform
+
+GiB = 1 << 30
+
+
+def test_vllm_resolves_to_the_npu_platform(simulated):
+    from vllm.platforms import current_platform
+
+    assert isinstance(current_platform, NPUPlatform)
+    assert current_platform.is_out_of_tree()
+    assert NPUPlatform.ray_device_key == "NPU"
+    assert NPUPlatform.device_control_env_var == "ASCEND_RT_VISIBLE_DEVICES"
+    if simulated:
+        # vLLM builds torch.device(f"{device_name}:{i}"): it must be a real torch type here.
+        assert (NPUPlatform.device_name, NPUPlatform.device_type) == ("cpu", "cpu")
+        assert (NPUPlatform.dispatch_key, NPUPlatform.dist_backend) == ("CPU", "gloo")
+        assert NPUPlatform.get_device_name() == "Ascend NPU (simulated)"
+        assert NPUPlatform.is_pin_memory_available() is False
+    else:
+        assert (NPUPlatform.device_name, NPUPlatform.dist_backend) == ("npu", "hccl")
+
+
+def test_simulated_memory_capacity_follows_env(monkeypatch, simulated):
+    if not simulated:
+        pytest.skip("capacity of a real NPU comes from the device")
+    monkeypatch.setenv("NPU_SIM_MEMORY_GB", "2.5")
+    assert NPUPlatform.get_device_total_memory(0) == int(2.5 * GiB)
+    monkeypatch.delenv("NPU_SIM_MEMORY_GB")
+    assert NPUPlatform.get_device_total_memory(0) == 4 * GiB
+
+
+def test_manual_seed_all_is_reproducible():
+    NPUPlatform.manual_seed_all(7)
+    a = torch.rand(4)
+    NPUPlatform.manual_seed_all(7)
+    assert torch.equal(a, torch.rand(4))
+
+
+def test_device_flag_accepts_npu_and_refuses_others(capsys):
+    parser = argparse.ArgumentParser(prog="vllm serve")
+    NPUPlatform.pre_register_and_update(parser)
+    NPUPlatform.pre_register_and_update(parser)  # idempotent: no duplicate option
+    assert parser.parse_args(["--device", "npu"]).device == "npu"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--device", "cuda"])
+    err = capsys.readouterr().err
+    assert "--device 'cuda' is not available" in err and "only --device npu" in err
+
+
+def test_float32_is_refused_on_a_real_device_only(monkeypatch):
+    monkeypatch.setattr(npu_platform, "SIMULATED", True)
+    NPUPlatform.check_if_supports_dtype(torch.float32)  # simulation-only extension
+    monkeypatch.setattr(npu_platform, "SIMULATED", False)
+    NPUPlatform.check_if_supports_dtype(torch.bfloat16)
+    with pytest.raises(ValueError, match="float32 models are not supported on Ascend NPUs"):
+        NPUPlatform.check_if_supports_dtype(torch.float32)
+
+
+def test_attention_backend_choice():
+    from types import SimpleNamespace
+
+    path = NPUPlatform.get_attn_backend_cls(None, SimpleNamespace(use_mla=False))
+    assert path == "vllm_npu.attention.backend.NPUAttentionBackend"
+    with pytest.raises(NotImplementedError, match="no MLA attention backend"):
+        NPUPlatform.get_attn_backend_cls(None, SimpleNamespace(use_mla=True))
+    with pytest.raises(ValueError, match="FLASH_ATTN is not available on the NPU platform"):
+        NPUPlatform.get_attn_backend_cls(SimpleNamespace(name="FLASH_ATTN"),
+                                         SimpleNamespace(use_mla=False))
+
+
+def _engine_config(model: str, **kwargs):
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(model=model, max_model_len=512, **kwargs).create_engine_config()
+
+
+def test_engine_config_gets_npu_defaults(tiny_models):
+    from vllm.config import CompilationMode
+    from vllm.config.compilation import CUDAGraphMode
+
+    cfg = _engine_config(tiny_models["llama"])
+    assert cfg.parallel_config.worker_cls == "vllm_npu.worker.worker.NPUWorker"
+    assert cfg.scheduler_config.async_scheduling is False
+    assert cfg.compilation_config.mode == CompilationMode.NONE
+    assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
+    assert "all" in cfg.compilation_config.custom_ops
+
+
+def test_unsupported_block_size_fails_at_startup(tiny_models):
+    with pytest.raises(ValueError, match=r"--block-size 16 is not supported on the NPU.*128"):
+        _engine_config(tiny_models["llama"], block_size=16)
+
+
+def test_bad_additional_config_fails_engine_config(tiny_models):
+    with pytest.raises(ValueError, match=r"Unknown --additional-config key\(s\) \['nope'\]"):
+        _engine_config(tiny_models["llama"], additional_config={"nope": 1})

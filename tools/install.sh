@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Create .venv with vLLM 0.33.0 built without CUDA kernels, CPU torch, and this
+# package in editable mode. Idempotent: each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY=${PYTHON:-python3}
+VLLM_VERSION=0.33.0
+
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+PIP="$VENV/bin/python -m pip --disable-pip-version-check"
+
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  # torch 2.13.0+cpu lies in pip's find-links on CI machines; on an NPU host
+  # install torch 2.14 + torch_npu 2.14 by hand before running this script.
+  $PIP install -q "torch==2.13.0"
+fi
+$PIP install -q "setuptools>=77.0.3,<81" setuptools-rust "setuptools-scm>=8" wheel packaging jinja2
+
+if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm').split('+')[0] != '$VLLM_VERSION')" 2>/dev/null; then
+  sdist=$("$VENV/bin/python" tools/fetch_sdist.py vllm "$VLLM_VERSION" build/sdist)
+  VLLM_TARGET_DEVICE=empty $PIP install -q --no-build-isolation "$sdist"
+fi
+
+$PIP install -q --no-build-isolation -e ".[test]"

@@ -1,0 +1,219 @@
+"""Standard paged attention (MHA / GQA / MQA) on the NPU op surface: backend, builder, impl.
+
+KV cache of one layer, as vLLM allocates it for this backend (two head slots, LHBNC):
+
+    kv_cache [num_blocks, 2, block_size, Hkv*D]
+              K plane = kv_cache[:, 0]   contiguous [num_blocks, block_size, Hkv*D]
+              V plane = kv_cache[:, 1]   contiguous
+    slot s -> (block s // block_size, offset s % block_size)
+
+Kernels: new tokens go into the cache with `_npu_reshape_and_cache`; a pure-decode batch
+reads it with `_npu_paged_attention` (or FIA, per config); every other batch — prefill,
+chunked prefill, prefix-cache hits, mixed — with one `npu_fused_infer_attention_score`
+call in TND layout with right-down causal masking (band masking for sliding windows).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+import torch
+from vllm.config import VllmConfig
+from vllm.forward_context import get_forward_context
+from vllm.utils.torch_utils import get_dtype_size
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionImpl,
+    AttentionLayer,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+    MultipleOf,
+)
+from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
+
+from vllm_npu import ops
+from vllm_npu.config import get_npu_config
+
+MASK_SIDE = 2048  # the fused op's compressed causal mask is always 2048 x 2048
+
+
+class NPUAttentionBackend(AttentionBackend):
+    forward_includes_kv_cache_update: bool = False
+    # float32 is accepted for the simulated NPU only; the platform refuses it on a device.
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16,
+                                                     torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "float16", "bfloat16"]
+
+    @staticmethod
+    def get_name() -> str:
+        return "CUSTOM"
+
+    @classmethod
+    def full_path(cls) -> str:
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        return [MultipleOf(128)]  # page attention: 128..512 in steps of 128
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return list(range(16, 513, 16))
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
+        return (KVCacheLayout.LHBNC,)  # K and V as separate contiguous planes
+
+    @classmethod
+    def customize_spec(cls, spec: AttentionSpec) -> AttentionSpec:
+        if spec.state_content_bytes is not None:
+            return spec
+        if spec.head_size != spec.head_size_v:
+            raise ValueError(f"{cls.__name__}: K head size {spec.head_size} != V head size "
+                             f"{spec.head_size_v} is not supported")
+        return replace(spec, num_head_slots=2,
+                       state_content_bytes=spec.num_kv_heads * spec.head_size
+                       * get_dtype_size(spec.dtype))
+
+    @staticmethod
+    def get_impl_cls() -> type["NPUAttentionImpl"]:
+        return NPUAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type["NPUAttentionMetadataBuilder"]:
+        return NPUAttentionMetadataBuilder
+
+
+@dataclass(frozen=True, slots=True)
+class NPUAttentionMetadata:
+    num_actual_tokens: int       # tokens in the batch, padding excluded
+    num_reqs: int
+    is_pure_decode: bool         # every request has exactly one query token
+    query_ends: list[int]        # host, [num_reqs] cumulative query ends (TND actual_seq_lengths)
+    seq_lens_list: list[int]     # host, [num_reqs] kv length per request incl. new tokens
+    seq_lens: torch.Tensor       # host int32 [num_reqs] (paged attention's context_lens)
+    block_table: torch.Tensor    # int32 [num_reqs, max_blocks_per_req]
+    slot_mapping: torch.Tensor   # int32 [num_actual_tokens]
+    attn_mask: torch.Tensor      # bool [2048, 2048], True above the diagonal (masked)
+
+
+class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]):
+    def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str],
+                 vllm_config: VllmConfig, device: torch.device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.attn_mask = torch.ones(MASK_SIDE, MASK_SIDE, dtype=torch.bool,
+                                    device=device).triu_(1)
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> NPUAttentionMetadata:
+        cm = common_attn_metadata
+        n_reqs, n_tokens = cm.num_reqs, cm.num_actual_tokens
+        query_ends = cm.query_start_loc_cpu[1:n_reqs + 1].tolist()
+        seq_lens_cpu = cm.seq_lens_cpu_upper_bound  # exact without async spec decode
+        if seq_lens_cpu is None:
+            seq_lens_cpu = cm.seq_lens.cpu()
+        seq_lens_cpu = seq_lens_cpu[:n_reqs].to(torch.int32)
+        return NPUAttentionMetadata(
+            num_actual_tokens=n_tokens,
+            num_reqs=n_reqs,
+            is_pure_decode=cm.max_query_len == 1,
+            query_ends=query_ends,
+            seq_lens_list=seq_lens_cpu.tolist(),
+            seq_lens=seq_lens_cpu,
+            block_table=cm.block_table_tensor[:n_reqs].to(torch.int32),
+            slot_mapping=cm.slot_mapping[:n_tokens].to(torch.int32),
+            attn_mask=self.attn_mask,
+        )
+
+
+class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
+                 alibi_slopes: list[float] | None, sliding_window: int | None,
+                 kv_cache_dtype: str, logits_soft_cap: float | None = None,
+                 attn_type: str = AttentionType.DECODER,
+                 kv_sharing_target_layer_name: str | None = None,
+                 sinks: torch.Tensor | None = None) -> None:
+        unsupported = {"alibi_slopes": alibi_slopes, "logits_soft_cap": logits_soft_cap,
+                       "sinks": sinks}
+        used = [k for k, v in unsupported.items() if v is not None]
+        if used:
+            raise NotImplementedError(f"NPU attention backend does not support {used}")
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(f"NPU attention backend supports decoder attention "
+                                      f"only, got attn_type={attn_type!r}")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads
+        self.sliding_window = sliding_window
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.use_paged_decode = (get_npu_config().decode_attention_op == "paged_attention"
+                                 and sliding_window is None)
+
+    def _planes(self, kv_cache: torch.Tensor):
+        """[num_blocks, 2, bs, Hkv*D] -> K, V planes [num_blocks, bs, Hkv*D]."""
+        return kv_cache[:, 0], kv_cache[:, 1]
+
+    def _as_heads(self, plane: torch.Tensor) -> torch.Tensor:
+        return plane.view(*plane.shape[:2], self.num_kv_heads, self.head_size)
+
+    def do_kv_cache_update(self, layer: AttentionLayer, key: torch.Tensor, value: torch.Tensor,
+                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        if self.kv_sharing_target_layer_name is not None:
+            return
+        meta = get_forward_context().attn_metadata
+        meta = meta.get(layer.layer_name) if isinstance(meta, dict) else meta
+        if meta is None:  # profile / dummy run: nothing to store
+            return
+        n = meta.num_actual_tokens
+        k_plane, v_plane = self._planes(kv_cache)
+        ops._npu_reshape_and_cache(key[:n], value[:n], self._as_heads(k_plane),
+                                   self._as_heads(v_plane), meta.slot_mapping)
+
+    def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor,
+                value: torch.Tensor, kv_cache: torch.Tensor,
+                attn_metadata: NPUAttentionMetadata | None, output: torch.Tensor,
+                output_scale: torch.Tensor | None = None,
+                output_block_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """query [T, H, D], key/value [T, Hkv, D] (already cached), output [T, H, D]."""
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("NPU attention: fused output quantization")
+        if attn_metadata is None:  # profile / dummy run
+            return output
+        meta = attn_metadata
+        n = meta.num_actual_tokens
+        k_plane, v_plane = self._planes(kv_cache)
+        q = query[:n]
+        if meta.is_pure_decode and self.use_paged_decode:
+            ops._npu_paged_attention(q, self._as_heads(k_plane), self._as_heads(v_plane),
+                                     self.num_kv_heads, self.num_heads, self.scale,
+                                     meta.block_table, meta.seq_lens, output[:n])
+            return output
+        window = {}
+        if self.sliding_window is not None:
+            window = dict(sparse_mode=4, pre_tokens=self.sliding_window - 1, next_tokens=0)
+        out, _ = ops.npu_fused_infer_attention_score(
+            q, k_plane, v_plane,
+            atten_mask=meta.attn_mask,
+            actual_seq_lengths=meta.query_ends,
+            actual_seq_lengths_kv=meta.seq_lens_list,
+            block_table=meta.block_table,
+            num_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            scale=self.scale,
+            input_layout="TND",
+            block_size=k_plane.shape[1],
+            **({"sparse_mode": 3} | window),
+        )
+        output[:n].copy_(out)
+        return output

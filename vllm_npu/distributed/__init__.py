@@ -1,0 +1,1 @@
+"""Device communication: the platform's device communicator (HCCL on a device)."""

@@ -1,0 +1,68 @@
+"""The plugin's environment variables, typed, in one place.
+
+None starts with ``VLLM_``: vLLM warns about unknown ``VLLM_*`` variables.
+Read them through the functions here, never through ``os.environ`` directly.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name}={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off")
+
+
+def _positive_float(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if not value > 0:
+        raise ValueError(f"{name}={raw!r} must be > 0")
+    return value
+
+
+def _positive_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if value <= 0:
+        raise ValueError(f"{name}={raw!r} must be > 0")
+    return value
+
+
+@dataclass(frozen=True)
+class EnvVar(Generic[T]):
+    name: str
+    default: T
+    parse: Callable[[str, str], T]
+    doc: str
+
+    def get(self) -> T:
+        raw = os.environ.get(self.name)
+        return self.default if raw is None else self.parse(self.name, raw)
+
+
+NPU_PLUGIN_DISABLE = EnvVar("NPU_PLUGIN_DISABLE", False, _bool,
+                            "1: the plugin stays inactive (vLLM picks another platform).")
+NPU_PLUGIN_SIMULATE = EnvVar("NPU_PLUGIN_SIMULATE", False, _bool,
+                             "1: use the simulated NPU even when torch_npu and a device are present.")
+NPU_SIM_MEMORY_GB = EnvVar("NPU_SIM_MEMORY_GB", 4.0, _positive_float,
+                           "Memory capacity of each simulated NPU, in GiB.")
+NPU_SIM_DEVICE_COUNT = EnvVar("NPU_SIM_DEVICE_COUNT", 8, _positive_int,
+                              "Number of simulated NPUs on this host.")
+
+ALL = (NPU_PLUGIN_DISABLE, NPU_PLUGIN_SIMULATE, NPU_SIM_MEMORY_GB, NPU_SIM_DEVICE_COUNT)

@@ -1,0 +1,212 @@
+"""numba kernels shared by the policies: replica counts, packing, swap search.
+
+One layer is handled at a time as a ``[D, S]`` table of expert ids::
+
+            slot 0  slot 1  ...  slot S-1
+    rank 0 [  e      e            e   ]   load(rank) = sum load[e] / cnt[e]
+    rank 1 [  e      e            e   ]
+    ...
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vllm_npu.eplb._jit import njit
+
+_EPS = 1e-12
+
+
+@njit
+def water_fill(load: np.ndarray, num_slots: int, max_rep: int) -> np.ndarray:
+    """Replica counts minimising the max per-replica load ``load[e] / cnt[e]``.
+
+    Greedy: every extra slot goes to the expert whose replicas are currently
+    the heaviest (and that is on fewer than ``max_rep`` ranks).  This greedy is
+    optimal for the min-max, so it also gives the lower bound.
+    """
+    e_count = load.shape[0]
+    cnt = np.ones(e_count, np.int64)
+    for _ in range(num_slots - e_count):
+        best = -1
+        best_v = -1.0
+        for e in range(e_count):
+            if cnt[e] < max_rep:
+                v = load[e] / cnt[e]
+                if v > best_v:
+                    best_v = v
+                    best = e
+        cnt[best] += 1
+    return cnt
+
+
+@njit
+def rank_loads(slots: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Load of every rank given the per-replica ``weight`` of each expert."""
+    d_count, s_count = slots.shape
+    out = np.zeros(d_count)
+    for d in range(d_count):
+        acc = 0.0
+        for s in range(s_count):
+            acc += weight[slots[d, s]]
+        out[d] = acc
+    return out
+
+
+@njit
+def holds_table(slots: np.ndarray, num_experts: int) -> np.ndarray:
+    """``holds[d, e]``: rank ``d`` already has expert ``e`` (no duplicates allowed)."""
+    d_count, s_count = slots.shape
+    holds = np.zeros((d_count, num_experts), np.bool_)
+    for d in range(d_count):
+        for s in range(s_count):
+            if slots[d, s] >= 0:
+                holds[d, slots[d, s]] = True
+    return holds
+
+
+@njit
+def _place_stuck(e: int, w: float, slots: np.ndarray, fill: np.ndarray,
+                 loads: np.ndarray, holds: np.ndarray, weight: np.ndarray) -> None:
+    """Place expert ``e`` when every rank with room already holds it.
+
+    Since ``cnt[e] <= D`` some full rank ``z`` lacks ``e``; move one of ``z``'s
+    experts that the roomy rank ``y`` lacks over to ``y`` and put ``e`` in
+    ``z``.  Such an expert exists: ``y`` holds ``e``, ``z`` does not.
+    """
+    d_count, s_count = slots.shape
+    y = -1
+    for d in range(d_count):
+        if fill[d] < s_count and (y < 0 or loads[d] < loads[y]):
+            y = d
+    for z in range(d_count):
+        if holds[z, e]:
+            continue
+        for s in range(s_count):
+            f = slots[z, s]
+            if not holds[y, f]:
+                slots[y, fill[y]] = f
+                fill[y] += 1
+                holds[y, f] = True
+                loads[y] += weight[f]
+                holds[z, f] = False
+                slots[z, s] = e
+                holds[z, e] = True
+                loads[z] += w - weight[f]
+                return
+
+
+@njit
+def lpt_pack(weight: np.ndarray, cnt: np.ndarray, num_ranks: int, slots_per_rank: int) -> np.ndarray:
+    """Heaviest replica first onto the least-loaded rank with room that lacks it.
+
+    ``weight[e]`` is the per-replica load of expert ``e`` (``load / cnt``).
+    Returns the ``[D, S]`` slot table.
+    """
+    e_count = weight.shape[0]
+    n = num_ranks * slots_per_rank
+    item_e = np.empty(n, np.int64)
+    item_w = np.empty(n)
+    k = 0
+    for e in range(e_count):
+        for _ in range(cnt[e]):
+            item_e[k] = e
+            item_w[k] = weight[e]
+            k += 1
+    order = np.argsort(-item_w, kind="mergesort")
+    slots = -np.ones((num_ranks, slots_per_rank), np.int64)
+    fill = np.zeros(num_ranks, np.int64)
+    loads = np.zeros(num_ranks)
+    holds = np.zeros((num_ranks, e_count), np.bool_)
+    for i in order:
+        e = item_e[i]
+        best = -1
+        for d in range(num_ranks):
+            if fill[d] < slots_per_rank and not holds[d, e]:
+                if best < 0 or loads[d] < loads[best]:
+                    best = d
+        if best < 0:
+            _place_stuck(e, weight[e], slots, fill, loads, holds, weight)
+            continue
+        slots[best, fill[best]] = e
+        fill[best] += 1
+        holds[best, e] = True
+        loads[best] += weight[e]
+    return slots
+
+
+@njit
+def swap_descent(slots: np.ndarray, weight: np.ndarray, max_swaps: int,
+                 stop_at: float, pair_cap: int) -> int:
+    """Improve ``slots`` in place by swapping experts off the hottest rank.
+
+    Each step takes the hottest rank ``h`` and the single swap (one slot of
+    ``h`` against one slot of another rank ``y``) that most lowers
+    ``max(load[h], load[y])``, keeping the no-duplicate rule.  Stops when no
+    swap helps, after ``max_swaps`` swaps, or once the max load is
+    ``<= stop_at``.  ``pair_cap > 0`` bounds swaps per rank pair (transfer
+    budget per link).  Returns the number of swaps made.
+    """
+    d_count, s_count = slots.shape
+    e_count = weight.shape[0]
+    loads = rank_loads(slots, weight)
+    holds = holds_table(slots, e_count)
+    pair_used = np.zeros((d_count, d_count), np.int64)
+    done = 0
+    while done < max_swaps:
+        h = np.argmax(loads)
+        top = loads[h]
+        if top <= stop_at:
+            break
+        best = top - _EPS * (1.0 + top)
+        bi = -1
+        by = -1
+        bj = -1
+        for i in range(s_count):
+            a = slots[h, i]
+            wa = weight[a]
+            for y in range(d_count):
+                if y == h or holds[y, a]:
+                    continue
+                if pair_cap > 0 and pair_used[h, y] >= pair_cap:
+                    continue
+                ly = loads[y]
+                for j in range(s_count):
+                    b = slots[y, j]
+                    delta = wa - weight[b]
+                    if delta <= 0.0:
+                        continue
+                    m = max(ly + delta, top - delta)
+                    if m < best and not holds[h, b]:
+                        best = m
+                        bi = i
+                        by = y
+                        bj = j
+        if bi < 0:
+            break
+        a = slots[h, bi]
+        b = slots[by, bj]
+        slots[h, bi] = b
+        slots[by, bj] = a
+        holds[h, a] = False
+        holds[h, b] = True
+        holds[by, b] = False
+        holds[by, a] = True
+        delta = weight[a] - weight[b]
+        loads[h] -= delta
+        loads[by] += delta
+        pair_used[h, by] += 1
+        pair_used[by, h] += 1
+        done += 1
+    return done
+
+
+@njit
+def packed_layer(load: np.ndarray, cnt: np.ndarray, num_ranks: int, slots_per_rank: int,
+                 max_swaps: int) -> np.ndarray:
+    """LPT pack for given replica counts, then swap descent (``max_swaps`` 0 skips it)."""
+    weight = load / cnt
+    slots = lpt_pack(weight, cnt, num_ranks, slots_per_rank)
+    if max_swaps > 0:
+        swap_descent(slots, weight, max_swaps, 0.0, 0)
+    return slots

@@ -1,0 +1,1 @@
+"""One module per EPLB policy; see :mod:`vllm_npu.eplb.policy` for the registry."""

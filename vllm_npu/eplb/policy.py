@@ -1,0 +1,59 @@
+"""Policy interface and registry.
+
+>>> policy = get_policy("flashlb")
+>>> phy2log = policy.rebalance(load, num_ranks=D, slots_per_rank=S, old_phy2log=None)
+
+``load`` is ``[L, E]`` or ``[T, L, E]`` (sub-windows, oldest first); the result
+is int64 ``[L, D*S]`` with rank ``d`` owning slots ``d*S .. d*S + S-1``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from vllm_npu.eplb.validate import Problem, check_request
+
+
+class Policy(ABC):
+    """Base class: validates the request, then calls :meth:`solve`."""
+
+    name: str = ""
+
+    def rebalance(self, load: np.ndarray, num_ranks: int, slots_per_rank: int,
+                  old_phy2log: np.ndarray | None = None) -> np.ndarray:
+        """Return the new placement ``phy2log`` ``[L, D*S]`` (int64)."""
+        problem = check_request(load, num_ranks, slots_per_rank, old_phy2log)
+        out = np.ascontiguousarray(self.solve(problem), dtype=np.int64)
+        assert out.shape == (problem.num_layers, problem.num_slots)
+        return out
+
+    @abstractmethod
+    def solve(self, problem: Problem) -> np.ndarray:
+        """Placement for an already-validated problem."""
+
+
+# name -> "module:Class", imported lazily so one policy's import cost stays its own.
+_REGISTRY: dict[str, str] = {
+    "default": "vllm_npu.eplb.policies.default:DefaultPolicy",
+    "swift": "vllm_npu.eplb.policies.swift:SwiftPolicy",
+    "flashlb": "vllm_npu.eplb.policies.flashlb:FlashLBPolicy",
+    "budget": "vllm_npu.eplb.policies.budget:BudgetPolicy",
+}
+
+
+def available_policies() -> list[str]:
+    """Names accepted by :func:`get_policy`."""
+    return list(_REGISTRY)
+
+
+def get_policy(name: str) -> Policy:
+    """A fresh policy instance by name; unknown names raise ``ValueError``."""
+    if name not in _REGISTRY:
+        raise ValueError(
+            f"unknown EPLB policy {name!r}; valid names: {', '.join(available_policies())}"
+        )
+    module, cls = _REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), cls)()

@@ -1,0 +1,23 @@
+"""The op surface on a real NPU: the same names and arguments, forwarded to torch_npu."""
+from __future__ import annotations
+
+import torch_npu  # noqa: F401  (only imported when select_backend() found a device)
+
+npu_rms_norm = torch_npu.npu_rms_norm
+npu_add_rms_norm = torch_npu.npu_add_rms_norm
+npu_rotary_mul = torch_npu.npu_rotary_mul
+npu_swiglu = torch_npu.npu_swiglu
+npu_fused_infer_attention_score = torch_npu.npu_fused_infer_attention_score
+
+
+def _npu_paged_attention(query, key_cache, value_cache, num_kv_heads, num_heads, scale_value,
+                         block_table, context_lens, out):
+    torch_npu._npu_paged_attention(query=query, key_cache=key_cache, value_cache=value_cache,
+                                   num_kv_heads=num_kv_heads, num_heads=num_heads,
+                                   scale_value=scale_value, block_table=block_table,
+                                   context_lens=context_lens, out=out)
+
+
+def _npu_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
+    torch_npu._npu_reshape_and_cache(key=key, value=value, key_cache=key_cache,
+                                     value_cache=value_cache, slot_indices=slot_indices)

@@ -1,0 +1,44 @@
+"""Rotary embedding through `npu_rotary_mul`.
+
+vLLM hands flattened heads, query [T, N*D] / key [T, Hkv*D], and positions [T]. The
+cos/sin rows for those positions are gathered from `cos_sin_cache` ([max_pos, rot] as
+cos | sin halves), widened to the full rotary dim in the layout the op's rotary_mode
+expects, and applied to the first `rotary_dim` features of every head (BSND with B=1).
+"""
+from __future__ import annotations
+
+import torch
+from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+
+from vllm_npu import ops
+
+
+@RotaryEmbedding.register_oot
+class NPURotaryEmbedding(RotaryEmbedding):
+    def _cos_sin(self, positions: torch.Tensor, like: torch.Tensor):
+        cache = self._match_cos_sin_cache_dtype(like)
+        cos, sin = cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
+        if self.is_neox_style:
+            cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+        else:
+            cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
+        return cos[None, :, None, :], sin[None, :, None, :]
+
+    def _apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.view(1, cos.shape[1], -1, self.head_size)
+        mode = "half" if self.is_neox_style else "interleave"
+        if self.rotary_dim == self.head_size:
+            out = ops.npu_rotary_mul(x.contiguous(), cos, sin, mode)
+        else:
+            rot = ops.npu_rotary_mul(x[..., :self.rotary_dim].contiguous(), cos, sin, mode)
+            out = torch.cat((rot, x[..., self.rotary_dim:]), dim=-1)
+        return out.reshape(shape)
+
+    def forward_oot(self, positions: torch.Tensor, query: torch.Tensor,
+                    key: torch.Tensor | None = None):
+        cos, sin = self._cos_sin(positions, query)
+        query = self._apply(query, cos, sin)
+        if key is not None:
+            key = self._apply(key, cos, sin)
+        return query, key

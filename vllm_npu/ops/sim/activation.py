@@ -1,0 +1,15 @@
+"""Simulated `torch_npu.npu_swiglu`: silu(first half) * second half along `dim`."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from vllm_npu.ops.sim.checks import NPUOpError, check_dtype
+
+
+def npu_swiglu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    check_dtype("npu_swiglu", "x", x)
+    if x.shape[dim] % 2:
+        raise NPUOpError(f"npu_swiglu: dim {dim} of x {tuple(x.shape)} must be even")
+    a, b = x.chunk(2, dim=dim)
+    return (F.silu(a.float()) * b.float()).to(x.dtype)

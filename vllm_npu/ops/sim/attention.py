@@ -1,0 +1,259 @@
+"""Simulated attention ops: `npu_fused_infer_attention_score` (TND, paged KV) and ATB
+`_npu_paged_attention`, plain PyTorch with the device ops' argument conventions.
+
+Paged KV as the device reads it (one layer, K shown; V alike):
+
+    key_cache [num_blocks, block_size, Hkv*D]     block_table [B, max_blocks] int32
+    request b, kv position p  ->  key_cache[block_table[b, p // block_size], p % block_size]
+
+TND query: all requests' tokens concatenated, [T, N, D]; `actual_seq_lengths` holds the
+cumulative query ends (host list), `actual_seq_lengths_kv` each request's kv length.
+sparse_mode 3 (right-down causal): query row i of a request with q and kv tokens sees kv
+positions j <= kv - q + i.  sparse_mode 4 (band): additionally j >= kv - q + i - pre_tokens.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from vllm_npu.ops.sim.checks import (
+    NPUOpError,
+    check_contiguous,
+    check_dim,
+    check_dtype,
+    check_heads,
+)
+
+_MASK_SIDE = 2048  # sparse modes 2-4 take the compressed 2048x2048 triangular mask
+_MASK_DTYPES = (torch.bool, torch.int8, torch.uint8)
+_INT_MAX = 2147483647
+_PAGED_BLOCK_SIZES = range(128, 513, 128)
+
+
+def _host_ints(op: str, name: str, values) -> list[int]:
+    """Host-side int arrays must be Python sequences, as for the device op."""
+    if isinstance(values, torch.Tensor) or not isinstance(values, Sequence):
+        raise NPUOpError(f"{op}: {name} must be a host list of ints, got {type(values).__name__}")
+    out = [int(v) for v in values]
+    if any(v < 0 for v in out):
+        raise NPUOpError(f"{op}: {name} has negative entries: {out}")
+    return out
+
+
+def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, num_kv_heads: int,
+                 max_len: int) -> torch.Tensor:
+    """[num_blocks, block_size, Hkv*D] + [B, max_blocks] -> [B, max_len, Hkv, D]."""
+    nb, bs = cache.shape[:2]
+    nblk = -(-max_len // bs)
+    blocks = cache.view(nb, bs, num_kv_heads, -1)[block_table[:, :nblk].long()]
+    return blocks.flatten(1, 2)[:, :max_len]
+
+
+def attend_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: torch.Tensor,
+                  kv_lens: torch.Tensor, scale: float, causal: bool, pre_tokens: int,
+                  next_tokens: int, want_lse: bool = False):
+    """Dense reference over padded batches.
+
+    q [B, Q, N, D], k/v [B, K, Hkv, D]; rows past q_lens / keys past kv_lens are padding.
+    Returns out [B, Q, N, D] in q's dtype (padding rows zero) and lse [B, Q, N] float32.
+    """
+    B, Q, N, D = q.shape
+    K, Hkv = k.shape[1], k.shape[2]
+    g = N // Hkv
+    qf = q.float().view(B, Q, Hkv, g, D)
+    scores = torch.einsum("bqhgd,bkhd->bhgqk", qf, k.float()) * scale
+    i = torch.arange(Q).view(1, Q, 1)
+    j = torch.arange(K).view(1, 1, K)
+    diag = (kv_lens - q_lens).view(B, 1, 1) + i  # kv index aligned with query row i
+    allowed = (j < kv_lens.view(B, 1, 1)) & (i < q_lens.view(B, 1, 1))
+    if causal:
+        allowed &= j <= diag + next_tokens
+        allowed &= j >= diag - pre_tokens
+    scores = scores.masked_fill(~allowed.view(B, 1, 1, Q, K), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [B, Hkv, g, Q]
+    probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)  # empty rows -> 0
+    out = torch.einsum("bhgqk,bkhd->bqhgd", probs, v.float()).reshape(B, Q, N, -1)
+    lse = lse.permute(0, 3, 1, 2).reshape(B, Q, N)
+    return out.to(q.dtype), lse if want_lse else None
+
+
+def _check_mask(op: str, sparse_mode: int, atten_mask: torch.Tensor | None) -> None:
+    if sparse_mode == 0:
+        if atten_mask is not None:
+            raise NotImplementedError(
+                f"{op}: the simulator supports sparse_mode=0 only without atten_mask")
+        return
+    if sparse_mode not in (2, 3, 4):
+        raise NPUOpError(f"{op}: sparse_mode={sparse_mode}; supported: 0, 1, 2, 3, 4 "
+                         "(the simulator implements 0, 3, 4)")
+    if sparse_mode == 2:
+        raise NotImplementedError(f"{op}: the simulator does not implement sparse_mode=2")
+    if atten_mask is None or tuple(atten_mask.shape[-2:]) != (_MASK_SIDE, _MASK_SIDE):
+        shape = None if atten_mask is None else tuple(atten_mask.shape)
+        raise NPUOpError(f"{op}: sparse_mode={sparse_mode} needs the compressed "
+                         f"({_MASK_SIDE}, {_MASK_SIDE}) atten_mask, got {shape}")
+    if atten_mask.dtype not in _MASK_DTYPES:
+        raise NPUOpError(f"{op}: atten_mask dtype {atten_mask.dtype}; supported: {_MASK_DTYPES}")
+
+
+def npu_fused_infer_attention_score(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+    atten_mask: torch.Tensor | None = None,
+    actual_seq_lengths: Sequence[int] | None = None,
+    actual_seq_lengths_kv: Sequence[int] | None = None,
+    block_table: torch.Tensor | None = None,
+    num_heads: int = 1, scale: float = 1.0,
+    pre_tokens: int = _INT_MAX, next_tokens: int = _INT_MAX,
+    input_layout: str = "BSH", num_key_value_heads: int = 0, sparse_mode: int = 0,
+    inner_precise: int = 0, block_size: int = 0, softmax_lse_flag: bool = False,
+    **unsupported,
+):
+    op = "npu_fused_infer_attention_score"
+    used = {k: v for k, v in unsupported.items() if v is not None}
+    if used:
+        raise NotImplementedError(f"{op}: the simulator does not implement {sorted(used)}")
+    if input_layout != "TND":
+        raise NotImplementedError(f"{op}: the simulator implements input_layout='TND' only, "
+                                  f"got {input_layout!r}")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        check_dtype(op, name, t)
+    if not (query.dtype == key.dtype == value.dtype):
+        raise NPUOpError(f"{op}: query/key/value dtypes differ: "
+                         f"{query.dtype}, {key.dtype}, {value.dtype}")
+    check_contiguous(op, query=query, key=key, value=value)
+    check_dim(op, "query", query, 3)
+    T, N, D = query.shape
+    if N != num_heads:
+        raise NPUOpError(f"{op}: num_heads={num_heads} but query has {N} heads")
+    if N > 256 or D > 512:
+        raise NPUOpError(f"{op}: N={N} (max 256) / D={D} (max 512) out of range")
+    if query.dtype != torch.float32 and D % 16:
+        raise NPUOpError(f"{op}: head dim {D} must be 16-aligned for {query.dtype}")
+    hkv = num_key_value_heads or num_heads
+    check_heads(op, num_heads, hkv)
+    _check_mask(op, sparse_mode, atten_mask)
+    if actual_seq_lengths is None or actual_seq_lengths_kv is None:
+        raise NPUOpError(f"{op}: TND needs actual_seq_lengths and actual_seq_lengths_kv")
+    q_ends = _host_ints(op, "actual_seq_lengths", actual_seq_lengths)
+    kv_arg = _host_ints(op, "actual_seq_lengths_kv", actual_seq_lengths_kv)
+    if any(b < a for a, b in zip(q_ends, q_ends[1:])) or (q_ends and q_ends[-1] > T):
+        raise NPUOpError(f"{op}: actual_seq_lengths must be non-decreasing cumulative ends "
+                         f"<= T={T}, got {q_ends}")
+    B = len(q_ends)
+    if len(kv_arg) != B:
+        raise NPUOpError(f"{op}: {len(kv_arg)} kv lengths for {B} batches")
+    q_starts = [0] + q_ends[:-1]
+    q_lens = [e - s for s, e in zip(q_starts, q_ends)]
+
+    if block_table is not None:
+        check_dim(op, "key", key, 3)
+        if block_size not in _PAGED_BLOCK_SIZES or key.shape[1] != block_size:
+            raise NPUOpError(f"{op}: page attention needs block_size in 128..512, a multiple "
+                             f"of 128, equal to key.shape[1]; got block_size={block_size}, "
+                             f"key {tuple(key.shape)}")
+        if key.shape != value.shape or key.shape[2] != hkv * D:
+            raise NPUOpError(f"{op}: paged key/value must be [num_blocks, block_size, "
+                             f"{hkv}*{D}], got {tuple(key.shape)} / {tuple(value.shape)}")
+        if block_table.dtype != torch.int32 or block_table.dim() != 2 \
+                or block_table.shape[0] != B:
+            raise NPUOpError(f"{op}: block_table must be int32 [B={B}, max_blocks], got "
+                             f"{block_table.dtype} {tuple(block_table.shape)}")
+        kv_lens = kv_arg
+        if max(kv_lens, default=0) > block_table.shape[1] * block_size:
+            raise NPUOpError(f"{op}: kv length {max(kv_lens)} exceeds the block table's "
+                             f"{block_table.shape[1]} blocks of {block_size}")
+        d_v = value.shape[-1] // hkv
+
+        def get_kv(b: int):
+            return (gather_paged(key, block_table[b:b + 1], hkv, kv_lens[b]),
+                    gather_paged(value, block_table[b:b + 1], hkv, kv_lens[b]))
+    else:
+        # Unpaged TND: key/value [T_kv, Hkv, D] with cumulative kv ends.
+        check_dim(op, "key", key, 3)
+        if any(b < a for a, b in zip(kv_arg, kv_arg[1:])) or (kv_arg and kv_arg[-1] > key.shape[0]):
+            raise NPUOpError(f"{op}: unpaged actual_seq_lengths_kv must be cumulative, got {kv_arg}")
+        kv_starts = [0] + kv_arg[:-1]
+        kv_lens = [e - s for s, e in zip(kv_starts, kv_arg)]
+        d_v = value.shape[-1]
+
+        def get_kv(b: int):
+            return (key[kv_starts[b]:kv_arg[b]].unsqueeze(0),
+                    value[kv_starts[b]:kv_arg[b]].unsqueeze(0))
+
+    if any(q > kv for q, kv in zip(q_lens, kv_lens)) and sparse_mode in (3, 4):
+        raise NPUOpError(f"{op}: right-down causal needs q_len <= kv_len per batch, got "
+                         f"q {q_lens} kv {kv_lens}")
+    causal = sparse_mode in (3, 4)
+    pre = pre_tokens if sparse_mode == 4 else _INT_MAX
+    nxt = next_tokens if sparse_mode == 4 else 0
+    out = torch.zeros(T, N, d_v, dtype=query.dtype)
+    lse = torch.zeros(T, N, 1, dtype=torch.float32)
+    ql = torch.tensor(q_lens)
+    kl = torch.tensor(kv_lens)
+    # Single-token rows (decodes) run as one padded batch; longer rows one by one, so a
+    # long prefill never pads every decode row to its length.
+    singles = [b for b in range(B) if q_lens[b] == 1] if block_table is not None else []
+    if singles:
+        rows = torch.tensor(singles)
+        k = gather_paged(key, block_table[rows], hkv, max(kv_lens[b] for b in singles))
+        v = gather_paged(value, block_table[rows], hkv, max(kv_lens[b] for b in singles))
+        tok = torch.tensor([q_starts[b] for b in singles])
+        o, l = attend_padded(query[tok].unsqueeze(1), k, v, ql[rows], kl[rows], scale, causal,
+                             pre, nxt, softmax_lse_flag)
+        out[tok] = o[:, 0]
+        if softmax_lse_flag:
+            lse[tok] = l[:, 0].unsqueeze(-1)
+    for b in range(B):
+        if q_lens[b] == 0 or (q_lens[b] == 1 and singles):
+            continue
+        s, e = q_starts[b], q_ends[b]
+        k, v = get_kv(b)
+        o, l = attend_padded(query[s:e].unsqueeze(0), k, v, ql[b:b + 1],
+                             kl[b:b + 1], scale, causal, pre, nxt, softmax_lse_flag)
+        out[s:e] = o[0]
+        if softmax_lse_flag:
+            lse[s:e] = l[0].unsqueeze(-1)
+    return out, (lse if softmax_lse_flag else torch.zeros(1))
+
+
+def _npu_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
+                         value_cache: torch.Tensor, num_kv_heads: int, num_heads: int,
+                         scale_value: float, block_table: torch.Tensor,
+                         context_lens: torch.Tensor, out: torch.Tensor) -> None:
+    """Decode attention (one query token per request), written into `out` [B, N, D].
+
+    key_cache/value_cache [num_blocks, block_size, Hkv, D]; context_lens int32 on the host.
+    """
+    op = "_npu_paged_attention"
+    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
+        check_dtype(op, name, t)
+    check_dim(op, "query", query, 3)
+    check_dim(op, "key_cache", key_cache, 4)
+    check_contiguous(op, query=query, key_cache=key_cache, value_cache=value_cache)
+    check_heads(op, num_heads, num_kv_heads)
+    B, N, D = query.shape
+    if N != num_heads or key_cache.shape[2:] != (num_kv_heads, D) \
+            or value_cache.shape != key_cache.shape:
+        raise NPUOpError(f"{op}: query {tuple(query.shape)}, key_cache {tuple(key_cache.shape)} "
+                         f"do not match num_heads={num_heads}, num_kv_heads={num_kv_heads}")
+    if block_table.dtype != torch.int32 or block_table.shape[0] != B:
+        raise NPUOpError(f"{op}: block_table must be int32 with {B} rows, got "
+                         f"{block_table.dtype} {tuple(block_table.shape)}")
+    if context_lens.dtype != torch.int32 or context_lens.device.type != "cpu" \
+            or context_lens.shape != (B,):
+        raise NPUOpError(f"{op}: context_lens must be a host int32 tensor of shape ({B},)")
+    if out.shape != query.shape or out.dtype != query.dtype:
+        raise NPUOpError(f"{op}: out must match query {tuple(query.shape)} {query.dtype}")
+    bs = key_cache.shape[1]
+    max_len = int(context_lens.max()) if B else 0
+    if max_len > block_table.shape[1] * bs:
+        raise NPUOpError(f"{op}: context length {max_len} exceeds the block table")
+    flat_k = key_cache.view(key_cache.shape[0], bs, -1)
+    flat_v = value_cache.view(value_cache.shape[0], bs, -1)
+    k = gather_paged(flat_k, block_table, num_kv_heads, max_len)
+    v = gather_paged(flat_v, block_table, num_kv_heads, max_len)
+    ones = torch.ones(B, dtype=torch.long)
+    o, _ = attend_padded(query.unsqueeze(1), k, v, ones, context_lens.long(), scale_value,
+                         True, _INT_MAX, 0)
+    out.copy_(o[:, 0])

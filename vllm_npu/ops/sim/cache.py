@@ -1,0 +1,37 @@
+"""Simulated ATB `_npu_reshape_and_cache`: scatter new K/V tokens into their cache slots.
+
+    slot s  ->  block s // block_size, offset s % block_size
+    key [T, Hkv, D] -> key_cache [num_blocks, block_size, Hkv, D]
+"""
+from __future__ import annotations
+
+import torch
+
+from vllm_npu.ops.sim.checks import NPUOpError, check_contiguous, check_dim, check_dtype
+
+
+def _npu_reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                           value_cache: torch.Tensor, slot_indices: torch.Tensor) -> None:
+    op = "_npu_reshape_and_cache"
+    for name, t in (("key", key), ("value", value), ("key_cache", key_cache),
+                    ("value_cache", value_cache)):
+        check_dtype(op, name, t)
+    check_dim(op, "key", key, 3)
+    check_dim(op, "key_cache", key_cache, 4)
+    check_contiguous(op, key_cache=key_cache, value_cache=value_cache)
+    if key.dtype != key_cache.dtype or value.dtype != value_cache.dtype:
+        raise NPUOpError(f"{op}: key/value dtype {key.dtype} must match the cache "
+                         f"dtype {key_cache.dtype}")
+    if key.shape[1:] != key_cache.shape[2:] or value.shape[1:] != value_cache.shape[2:]:
+        raise NPUOpError(f"{op}: key {tuple(key.shape)} does not fit cache "
+                         f"{tuple(key_cache.shape)}")
+    if slot_indices.dtype != torch.int32 or slot_indices.shape != (key.shape[0],):
+        raise NPUOpError(f"{op}: slot_indices must be int32 of shape ({key.shape[0]},), got "
+                         f"{slot_indices.dtype} {tuple(slot_indices.shape)}")
+    capacity = key_cache.shape[0] * key_cache.shape[1]
+    slots = slot_indices.long()
+    if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= capacity):
+        raise NPUOpError(f"{op}: slot indices must lie in [0, {capacity}), got "
+                         f"[{int(slots.min())}, {int(slots.max())}]")
+    key_cache.view(capacity, *key_cache.shape[2:])[slots] = key
+    value_cache.view(capacity, *value_cache.shape[2:])[slots] = value

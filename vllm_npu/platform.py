@@ -1,0 +1,213 @@
+"""NPUPlatform: vLLM's Platform for Ascend NPUs, real or simulated.
+
+Identity per backend (see `vllm_npu.device`):
+
+    attribute      real NPU     simulated NPU
+    device_name    "npu"        "cpu"   vLLM builds torch.device(f"{device_name}:{i}") from
+    device_type    "npu"        "cpu"   it (parallel_state), so in simulation it must name
+    dispatch_key   PrivateUse1  CPU     a real torch device type; "npu" stays the name users
+    dist_backend   hccl         gloo    see (`--device npu`, ray_device_key "NPU", logs).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+from vllm.platforms.interface import Platform, PlatformEnum
+
+from vllm_npu import envs
+from vllm_npu.config import NPUConfig, set_npu_config
+from vllm_npu.device import log_backend, select_backend
+from vllm_npu.registration import ATTENTION_BACKEND
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+logger = logging.getLogger("vllm.npu")
+_BACKEND = select_backend()
+SIMULATED = _BACKEND.simulated
+GiB = 1 << 30
+PAGED_BLOCK_SIZES = (128, 256, 384, 512)  # what the fused attention op's page attention takes
+
+
+def _device_arg(value: str) -> str:
+    if value != "npu":
+        raise argparse.ArgumentTypeError(
+            f"--device {value!r} is not available: the vllm_npu platform plugin is active "
+            "and serves only --device npu (set NPU_PLUGIN_DISABLE=1 to let vLLM pick "
+            "another platform)")
+    return value
+
+
+class NPUPlatform(Platform):
+    _enum = PlatformEnum.OOT
+    device_name = "cpu" if SIMULATED else "npu"
+    device_type = "cpu" if SIMULATED else "npu"
+    dispatch_key = "CPU" if SIMULATED else "PrivateUse1"
+    dist_backend = "gloo" if SIMULATED else "hccl"
+    ray_device_key = "NPU"
+    device_control_env_var = "ASCEND_RT_VISIBLE_DEVICES"
+    simple_compile_backend = "eager"
+    supported_quantization: list[str] = []
+
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        # float32 runs on the simulated NPU only (exact parity tests); see check_if_supports_dtype.
+        base = [torch.bfloat16, torch.float16]
+        return base + [torch.float32] if SIMULATED else base
+
+    # ---- identity and device queries -------------------------------------------------
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        if SIMULATED:
+            return "Ascend NPU (simulated)"
+        return torch.npu.get_device_name(device_id)
+
+    @classmethod
+    def get_device_uuid(cls, device_id: int = 0) -> str:
+        return f"npu-sim-{device_id}" if SIMULATED else f"npu-{device_id}"
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        if SIMULATED:
+            return int(envs.NPU_SIM_MEMORY_GB.get() * GiB)
+        return torch.npu.get_device_properties(device_id).total_memory
+
+    @classmethod
+    def get_current_memory_usage(cls, device: torch.types.Device | None = None) -> float:
+        if SIMULATED:
+            from vllm_npu.worker.sim_memory import live_device_bytes
+
+            return float(live_device_bytes())
+        torch.npu.reset_peak_memory_stats(device)
+        return float(torch.npu.max_memory_allocated(device))
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        if not SIMULATED:
+            torch.npu.set_device(device)
+
+    @classmethod
+    def manual_seed_all(cls, seed: int) -> None:
+        torch.manual_seed(seed)
+        if not SIMULATED:
+            torch.npu.manual_seed_all(seed)
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        return not SIMULATED  # pinning needs an accelerator runtime
+
+    def is_sleep_mode_available(self) -> bool:
+        return True
+
+    @classmethod
+    def import_kernels(cls) -> None:
+        """No vllm._C: every device op goes through vllm_npu.ops."""
+
+    @classmethod
+    def check_if_supports_dtype(cls, dtype: torch.dtype) -> None:
+        if dtype == torch.float32 and not SIMULATED:
+            raise ValueError(
+                "float32 models are not supported on Ascend NPUs: the fused attention "
+                "kernels take float16/bfloat16 only. Pass --dtype bfloat16 or float16.")
+
+    @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        return "vllm_npu.distributed.communicator.NPUCommunicator"
+
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config,
+                             num_heads: int | None = None) -> str:
+        if getattr(attn_selector_config, "use_mla", False):
+            raise NotImplementedError(
+                "vllm_npu has no MLA attention backend yet (DeepSeek-style models); "
+                "use a model with standard multi-head / grouped-query attention")
+        if selected_backend is not None and selected_backend.name != "CUSTOM":
+            raise ValueError(
+                f"Attention backend {selected_backend.name} is not available on the NPU "
+                "platform; valid: CUSTOM (the NPU paged-attention backend) or unset")
+        return ATTENTION_BACKEND
+
+    @classmethod
+    def get_mla_prefill_backend_cls(cls, *args, **kwargs) -> str:
+        raise NotImplementedError("vllm_npu has no MLA prefill backend yet")
+
+    @classmethod
+    def register_triton_kernel_overrides(cls) -> None:
+        from vllm_npu.worker.slot_mapping import register_slot_mapping_override
+
+        register_slot_mapping_override()
+
+    # ---- CLI and configuration -------------------------------------------------------
+    @classmethod
+    def pre_register_and_update(cls, parser: "FlexibleArgumentParser | None" = None) -> None:
+        # vLLM 0.33 dropped --device; Ascend users and scripts still pass `--device npu`.
+        if parser is None or any("--device" in a.option_strings for a in parser._actions):
+            return
+        parser.add_argument("--device", type=_device_arg, default="npu",
+                            help="Device to run on; with the vllm_npu plugin only 'npu'.")
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
+        from vllm.config import CompilationMode
+        from vllm.config.compilation import CUDAGraphMode
+
+        log_backend()
+        npu_config = NPUConfig.from_additional_config(vllm_config.additional_config)
+        set_npu_config(npu_config)
+
+        parallel = vllm_config.parallel_config
+        if parallel.worker_cls == "auto":
+            parallel.worker_cls = "vllm_npu.worker.worker.NPUWorker"
+        if parallel.enable_dbo:
+            logger.warning("vllm_npu: dual-batch overlap is not supported; disabled")
+            parallel.enable_dbo = False
+
+        # Async scheduling needs device streams/events the runner would borrow from CUDA.
+        vllm_config.scheduler_config.async_scheduling = False
+
+        cache = vllm_config.cache_config
+        if cache.user_specified_block_size and cache.block_size not in PAGED_BLOCK_SIZES:
+            raise ValueError(
+                f"--block-size {cache.block_size} is not supported on the NPU: the paged "
+                f"attention kernels take {list(PAGED_BLOCK_SIZES)}")
+
+        # Eager execution: graph capture (ACL graphs) is not wired up yet.
+        compilation = vllm_config.compilation_config
+        if compilation.mode != CompilationMode.NONE:
+            logger.info("vllm_npu: compilation mode %s -> NONE (eager)", compilation.mode)
+            compilation.mode = CompilationMode.NONE
+        compilation.cudagraph_mode = CUDAGraphMode.NONE
+        compilation.cudagraph_capture_sizes = []
+        if npu_config.enable_custom_ops:
+            if "all" not in compilation.custom_ops and "none" not in compilation.custom_ops:
+                compilation.custom_ops.append("all")
+        elif "none" not in compilation.custom_ops and "all" not in compilation.custom_ops:
+            compilation.custom_ops.append("none")
+
+        model = vllm_config.model_config
+        if model is not None and not SIMULATED:
+            cls.check_if_supports_dtype(model.dtype)
+
+    @classmethod
+    def update_block_size_for_backend(cls, vllm_config: "VllmConfig") -> None:
+        super().update_block_size_for_backend(vllm_config)
+        block = vllm_config.cache_config.block_size
+        if block not in PAGED_BLOCK_SIZES:
+            raise ValueError(f"KV cache block size {block} is not supported on the NPU; "
+                             f"valid: {list(PAGED_BLOCK_SIZES)}")
+
+    @classmethod
+    def support_static_graph_mode(cls) -> bool:
+        return False
+
+    @classmethod
+    def support_hybrid_kv_cache(cls) -> bool:
+        return False
+
+    @classmethod
+    def opaque_attention_op(cls) -> bool:
+        return True

@@ -1,0 +1,31 @@
+"""Everything the `vllm.general_plugins` entry point registers; idempotent, every process."""
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger("vllm.npu")
+_done = False
+ATTENTION_BACKEND = "vllm_npu.attention.backend.NPUAttentionBackend"
+
+
+def register_all() -> None:
+    global _done
+    if _done:
+        return
+    from vllm_npu.device import plugin_active
+
+    if not plugin_active():
+        return
+    _done = True
+    # Importing the modules runs their @register_oot decorators.
+    import vllm_npu.ops.layers.activation  # noqa: F401
+    import vllm_npu.ops.layers.layernorm  # noqa: F401
+    import vllm_npu.ops.layers.rotary_embedding  # noqa: F401
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    register_backend(AttentionBackendEnum.CUSTOM, ATTENTION_BACKEND)
+
+    from vllm_npu.patch import apply_all
+
+    apply_all()
+    logger.debug("vllm_npu: registered CustomOp OOT layers and the NPU attention backend")

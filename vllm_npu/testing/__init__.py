@@ -1,0 +1,1 @@
+"""Helpers shared by the tests, `make serve` and the benchmarks (no hub access needed)."""

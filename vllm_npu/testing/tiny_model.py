@@ -1,0 +1,93 @@
+"""Build tiny, deterministic HF checkpoints locally: random weights + a trained tokenizer.
+
+    python -m vllm_npu.testing.tiny_model models/tiny-llama --arch llama
+
+Weights are scaled up so greedy logits are well separated (parity tests stay exact in
+float32); the byte-level BPE tokenizer is trained on a fixed synthetic corpus.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+
+ARCHS = ("llama", "qwen2")
+CORPUS_WORDS = ("the npu runs vllm with paged attention and a simulated device while "
+                "tokens flow through blocks of cache into every layer of the tiny model "
+                "hello world ascend serving prefix chunk decode prefill sample greedy").split()
+
+
+def _corpus(seed: int, lines: int = 2000) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(CORPUS_WORDS) for _ in range(rng.randint(4, 24)))
+            for _ in range(lines)]
+
+
+def _train_tokenizer(path: str, vocab_size: int, seed: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    fast.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n"
+                          "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+    fast.save_pretrained(path)
+    return fast
+
+
+def _config(arch: str, vocab_size: int, bos: int, eos: int, **overrides):
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(vocab_size=vocab_size, hidden_size=128, intermediate_size=256,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=2048, rms_norm_eps=1e-6, bos_token_id=bos,
+                  eos_token_id=eos, dtype="float32", rope_theta=10000.0)
+    common.update(overrides)
+    if arch == "llama":
+        return LlamaConfig(tie_word_embeddings=False, **common)
+    return Qwen2Config(tie_word_embeddings=True, use_sliding_window=False, **common)
+
+
+def build_tiny_model(path: str, arch: str = "llama", seed: int = 0, vocab_size: int = 512,
+                     weight_scale: float = 4.0, **config_overrides) -> str:
+    """Write a checkpoint to `path` (if absent) and return the path."""
+    if arch not in ARCHS:
+        raise ValueError(f"arch={arch!r}; valid: {ARCHS}")
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    os.makedirs(path, exist_ok=True)
+    tok = _train_tokenizer(path, vocab_size, seed)
+    config = _config(arch, len(tok), tok.bos_token_id, tok.eos_token_id, **config_overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.mul_(weight_scale)
+    model.save_pretrained(path, safe_serialization=True)
+    with open(os.path.join(path, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}, f)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path")
+    parser.add_argument("--arch", choices=ARCHS, default="llama")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(build_tiny_model(args.path, args.arch, args.seed))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""One NPU: device init, weights, KV cache sizing and ownership, sleep/wake, execute."""

@@ -1,0 +1,158 @@
+"""NPUWorker: vLLM's GPU worker, re-based on the NPU (real or simulated).
+
+Overrides only what is device-specific: device/distributed init, the KV-cache budget from
+a profile run, warm-up (no CUDA kernel warm-up), sleep/wake, and the memory-pool context
+(no CuMem allocator). The step itself (execute_model / sample_tokens) is vLLM's.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+
+import torch
+from vllm.platforms import current_platform
+from vllm.utils.torch_utils import set_random_seed
+from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
+from vllm.v1.worker.worker_base import CompilationTimes
+
+from vllm_npu.device import log_backend, select_backend
+from vllm_npu.worker.accelerator import on_simulated_device
+from vllm_npu.worker.sleep import SleepState
+
+logger = logging.getLogger("vllm.npu")
+GiB = 1 << 30
+
+
+class NPUWorker(Worker):
+    simulated = select_backend().simulated
+
+    # ---- device ---------------------------------------------------------------------
+    @on_simulated_device
+    def init_device(self) -> None:
+        log_backend()
+        if self.simulated:
+            self.device = torch.device("cpu")
+        else:
+            self.device = torch.device(f"npu:{self.local_rank}")
+            current_platform.set_device(self.device)
+        current_platform.check_if_supports_dtype(self.model_config.dtype)
+        init_worker_distributed_environment(self.vllm_config, self.rank,
+                                            self.distributed_init_method, self.local_rank,
+                                            current_platform.dist_backend)
+        set_random_seed(self.model_config.seed)
+        self._sleep = SleepState()
+        self._init_workspace_and_model_runner()
+
+    def _make_model_runner(self):
+        from vllm_npu.worker.model_runner import NPUModelRunner
+
+        return NPUModelRunner(self.vllm_config, self.device)
+
+    def _maybe_get_memory_pool_context(self, tag: str) -> contextlib.AbstractContextManager:
+        # Sleep mode works on tensors' storages directly (worker/sleep.py), no CuMem pool.
+        return contextlib.nullcontext()
+
+    # ---- the vLLM calls that may reach torch.accelerator --------------------------------
+    @on_simulated_device
+    def load_model(self, *, load_dummy_weights: bool = False) -> None:
+        super().load_model(load_dummy_weights=load_dummy_weights)
+        if self.simulated:
+            from vllm_npu.worker.sim_memory import register_resident
+
+            model = self.model_runner.get_model()
+            register_resident(list(model.parameters()) + list(model.buffers()))
+
+    @on_simulated_device
+    def initialize_from_config(self, kv_cache_config) -> None:
+        super().initialize_from_config(kv_cache_config)
+        if self.simulated:
+            from vllm_npu.worker.sim_memory import register_resident
+
+            register_resident(t for t in self.model_runner.kv_caches if t is not None)
+
+    @on_simulated_device
+    def execute_model(self, scheduler_output):
+        return super().execute_model(scheduler_output)
+
+    @on_simulated_device
+    def sample_tokens(self, grammar_output):
+        return super().sample_tokens(grammar_output)
+
+    @on_simulated_device
+    def execute_dummy_batch(self) -> None:
+        super().execute_dummy_batch()
+
+    @on_simulated_device
+    def reload_weights(self, *args, **kwargs) -> None:
+        super().reload_weights(*args, **kwargs)
+
+    @on_simulated_device
+    def shutdown(self) -> None:
+        super().shutdown()
+
+    # ---- KV cache budget --------------------------------------------------------------
+    @on_simulated_device
+    @torch.inference_mode()
+    def determine_available_memory(self) -> int:
+        """Bytes for the KV cache: capacity * gpu_memory_utilization - weights - peak
+        activations of a profile run at the largest batch (as on a device)."""
+        explicit = self.cache_config.kv_cache_memory_bytes
+        model = self.model_runner.get_model()
+        weight_bytes = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                            for t in list(model.parameters()) + list(model.buffers())}.values())
+        if self.simulated:
+            from vllm_npu.worker.sim_memory import PeakMemoryTracker
+
+            tracker = PeakMemoryTracker(
+                ignore={t.untyped_storage().data_ptr() for t in model.parameters()})
+            with tracker:
+                self.model_runner.profile_run()
+            peak, non_torch = tracker.peak, 0
+        else:
+            gc.collect()
+            torch.npu.empty_cache()
+            torch.npu.reset_peak_memory_stats()
+            free0, total0 = torch.npu.mem_get_info()
+            self.model_runner.profile_run()
+            peak = torch.npu.max_memory_allocated() - weight_bytes
+            non_torch = max(0, (total0 - free0) - torch.npu.memory_reserved())
+        if explicit is not None:
+            return int(explicit)
+        total = current_platform.get_device_total_memory(self.local_rank)
+        util = self.cache_config.gpu_memory_utilization
+        budget = int(total * util) - weight_bytes - peak - non_torch
+        logger.info("vllm_npu: KV cache budget %.3f GiB = %.2f GiB x %.2f - weights %.3f GiB "
+                    "- peak activations %.3f GiB - non-torch %.3f GiB", budget / GiB,
+                    total / GiB, util, weight_bytes / GiB, peak / GiB, non_torch / GiB)
+        if budget <= 0:
+            raise ValueError(
+                f"No NPU memory left for the KV cache: {total / GiB:.2f} GiB x "
+                f"gpu_memory_utilization {util} leaves {budget / GiB:.3f} GiB after weights "
+                f"({weight_bytes / GiB:.3f} GiB) and activations ({peak / GiB:.3f} GiB). "
+                "Raise --gpu-memory-utilization, lower --max-num-batched-tokens, set "
+                "--kv-cache-memory-bytes" + (", or raise NPU_SIM_MEMORY_GB" if self.simulated
+                                             else "") + ".")
+        return budget
+
+    @on_simulated_device
+    def compile_or_warm_up_model(self) -> CompilationTimes:
+        # Eager execution: no graphs to capture, no CUDA kernels to warm up.
+        set_random_seed(self.model_config.seed, self.parallel_config.data_parallel_index)
+        return CompilationTimes(language_model=self.compilation_config.compilation_time,
+                                encoder=self.compilation_config.encoder_compilation_time)
+
+    # ---- sleep mode -------------------------------------------------------------------
+    @on_simulated_device
+    def sleep(self, level: int = 1) -> None:
+        freed = self._sleep.sleep(level, self.model_runner.get_model(),
+                                  self.model_runner.kv_caches)
+        logger.info("vllm_npu: sleep level %d freed %.3f GiB of NPU memory", level, freed / GiB)
+
+    @on_simulated_device
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self._sleep.wake_up(tags)
+
+    def check_health(self) -> None:
+        if not self.simulated:
+            torch.npu.synchronize()  # surfaces a device fault as an exception
