@@ -59,7 +59,7 @@ class EnvVar(Generic[T]):
 NPU_PLUGIN_DISABLE = EnvVar("NPU_PLUGIN_DISABLE", False, _bool,
                             "1: the plugin stays inactive (vLLM picks another platform).")
 NPU_PLUGIN_SIMULATE = EnvVar("NPU_PLUGIN_SIMULATE", False, _bool,
-                             "1: use the simulated NPU even when torch_npu and a device are present.")
+                             "1: use the simulated NPU even where torch_npu finds a device.")
 NPU_SIM_MEMORY_GB = EnvVar("NPU_SIM_MEMORY_GB", 4.0, _positive_float,
                            "Memory capacity of each simulated NPU, in GiB.")
 NPU_SIM_DEVICE_COUNT = EnvVar("NPU_SIM_DEVICE_COUNT", 8, _positive_int,

@@ -71,6 +71,12 @@ class NPUPlatform(Platform):
         return f"npu-sim-{device_id}" if SIMULATED else f"npu-{device_id}"
 
     @classmethod
+    def device_count(cls) -> int:
+        if SIMULATED:
+            return envs.NPU_SIM_DEVICE_COUNT.get()
+        return torch.npu.device_count()
+
+    @classmethod
     def get_device_total_memory(cls, device_id: int = 0) -> int:
         if SIMULATED:
             return int(envs.NPU_SIM_MEMORY_GB.get() * GiB)
@@ -165,6 +171,15 @@ class NPUPlatform(Platform):
         if parallel.enable_dbo:
             logger.warning("vllm_npu: dual-batch overlap is not supported; disabled")
             parallel.enable_dbo = False
+
+        world = parallel.world_size
+        if parallel.nnodes <= 1 and parallel.distributed_executor_backend != "ray" \
+                and world > cls.device_count():
+            raise ValueError(
+                f"World size {world} (tensor x pipeline x context parallel) exceeds the "
+                f"{cls.device_count()} NPUs on this node"
+                + (" (NPU_SIM_DEVICE_COUNT)" if SIMULATED else "")
+                + "; use --distributed-executor-backend ray for multi-node serving")
 
         # Async scheduling needs device streams/events the runner would borrow from CUDA.
         vllm_config.scheduler_config.async_scheduling = False

@@ -17,15 +17,14 @@ def register_all() -> None:
     if not plugin_active():
         return
     _done = True
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
     # Importing the modules runs their @register_oot decorators.
     import vllm_npu.ops.layers.activation  # noqa: F401
     import vllm_npu.ops.layers.layernorm  # noqa: F401
     import vllm_npu.ops.layers.rotary_embedding  # noqa: F401
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
-
-    register_backend(AttentionBackendEnum.CUSTOM, ATTENTION_BACKEND)
-
     from vllm_npu.patch import apply_all
 
+    register_backend(AttentionBackendEnum.CUSTOM, ATTENTION_BACKEND)
     apply_all()
     logger.debug("vllm_npu: registered CustomOp OOT layers and the NPU attention backend")

@@ -7,16 +7,18 @@ import torch
 
 
 @functools.cache
-def _model(path: str):
+def _model(path: str, overrides: tuple = ()):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                **dict(overrides)).eval()
 
 
 @torch.inference_mode()
-def hf_greedy(path: str, prompt_ids: list[int], max_tokens: int) -> list[int]:
+def hf_greedy(path: str, prompt_ids: list[int], max_tokens: int,
+              **config_overrides) -> list[int]:
     """`max_tokens` greedy tokens after `prompt_ids` (EOS ignored, as with ignore_eos)."""
-    model = _model(path)
+    model = _model(path, tuple(sorted(config_overrides.items())))
     out = model(torch.tensor([prompt_ids]), use_cache=True)
     generated: list[int] = []
     for _ in range(max_tokens):

@@ -57,7 +57,8 @@ def server(tiny_models, parity_dtype, tmp_path_factory):
             except requests.ConnectionError:
                 pass
             if time.time() > deadline:
-                pytest.fail(f"vllm serve not healthy after {STARTUP_S}s:\n{log.read_text()[-4000:]}")
+                pytest.fail(f"vllm serve not healthy after {STARTUP_S}s:\n"
+                            f"{log.read_text()[-4000:]}")
             time.sleep(1)
         yield base, path
     finally:

@@ -103,3 +103,12 @@ def test_unsupported_block_size_fails_at_startup(tiny_models):
 def test_bad_additional_config_fails_engine_config(tiny_models):
     with pytest.raises(ValueError, match=r"Unknown --additional-config key\(s\) \['nope'\]"):
         _engine_config(tiny_models["llama"], additional_config={"nope": 1})
+
+
+def test_world_size_larger_than_the_npus_fails_at_startup(tiny_models, monkeypatch, simulated):
+    if not simulated:
+        pytest.skip("device count of a real host")
+    monkeypatch.setenv("NPU_SIM_DEVICE_COUNT", "1")
+    assert NPUPlatform.device_count() == 1
+    with pytest.raises(ValueError, match=r"World size 2 .* exceeds the 1 NPUs on this node"):
+        _engine_config(tiny_models["llama"], tensor_parallel_size=2)

@@ -13,6 +13,7 @@ import os
 import random
 
 ARCHS = ("llama", "qwen2")
+EXTRA_ARCHS = ("mistral",)  # sliding-window attention; built on request
 CORPUS_WORDS = ("the npu runs vllm with paged attention and a simulated device while "
                 "tokens flow through blocks of cache into every layer of the tiny model "
                 "hello world ascend serving prefix chunk decode prefill sample greedy").split()
@@ -43,7 +44,7 @@ def _train_tokenizer(path: str, vocab_size: int, seed: int):
 
 
 def _config(arch: str, vocab_size: int, bos: int, eos: int, **overrides):
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
     common = dict(vocab_size=vocab_size, hidden_size=128, intermediate_size=256,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -52,14 +53,16 @@ def _config(arch: str, vocab_size: int, bos: int, eos: int, **overrides):
     common.update(overrides)
     if arch == "llama":
         return LlamaConfig(tie_word_embeddings=False, **common)
+    if arch == "mistral":
+        return MistralConfig(tie_word_embeddings=False, **common)
     return Qwen2Config(tie_word_embeddings=True, use_sliding_window=False, **common)
 
 
 def build_tiny_model(path: str, arch: str = "llama", seed: int = 0, vocab_size: int = 512,
                      weight_scale: float = 4.0, **config_overrides) -> str:
     """Write a checkpoint to `path` (if absent) and return the path."""
-    if arch not in ARCHS:
-        raise ValueError(f"arch={arch!r}; valid: {ARCHS}")
+    if arch not in ARCHS + EXTRA_ARCHS:
+        raise ValueError(f"arch={arch!r}; valid: {ARCHS + EXTRA_ARCHS}")
     if os.path.exists(os.path.join(path, "config.json")):
         return path
     import torch
@@ -83,7 +86,7 @@ def build_tiny_model(path: str, arch: str = "llama", seed: int = 0, vocab_size: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path")
-    parser.add_argument("--arch", choices=ARCHS, default="llama")
+    parser.add_argument("--arch", choices=ARCHS + EXTRA_ARCHS, default="llama")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     print(build_tiny_model(args.path, args.arch, args.seed))

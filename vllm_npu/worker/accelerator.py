@@ -1,10 +1,10 @@
 """`torch.accelerator` calls inside the worker, on a CPU-only host.
 
-vLLM's runner and loader call `torch.accelerator.synchronize()` / `empty_cache()` / `empty_host_cache()`, which
-raise on a CPU build of torch. The simulated NPU has nothing to synchronise or cache, so
-the worker runs its vLLM calls inside `simulated_accelerator()`, which swaps in no-ops for
-the duration of the call only: the rest of the process (API server, tests) keeps torch's
-own functions.
+vLLM's runner and loader call `torch.accelerator.synchronize()` / `empty_cache()` /
+`empty_host_cache()`, which raise on a CPU build of torch. The simulated NPU has nothing
+to synchronise or cache, so the worker runs its vLLM calls inside
+`simulated_accelerator()`, which swaps in no-ops for the duration of the call only: the
+rest of the process (API server, tests) keeps torch's own functions.
 """
 from __future__ import annotations
 

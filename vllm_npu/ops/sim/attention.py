@@ -171,8 +171,10 @@ def npu_fused_infer_attention_score(
     else:
         # Unpaged TND: key/value [T_kv, Hkv, D] with cumulative kv ends.
         check_dim(op, "key", key, 3)
-        if any(b < a for a, b in zip(kv_arg, kv_arg[1:])) or (kv_arg and kv_arg[-1] > key.shape[0]):
-            raise NPUOpError(f"{op}: unpaged actual_seq_lengths_kv must be cumulative, got {kv_arg}")
+        if any(b < a for a, b in zip(kv_arg, kv_arg[1:])) or \
+                (kv_arg and kv_arg[-1] > key.shape[0]):
+            raise NPUOpError(f"{op}: unpaged actual_seq_lengths_kv must be cumulative ends "
+                             f"<= {key.shape[0]}, got {kv_arg}")
         kv_starts = [0] + kv_arg[:-1]
         kv_lens = [e - s for s, e in zip(kv_starts, kv_arg)]
         d_v = value.shape[-1]
@@ -199,21 +201,21 @@ def npu_fused_infer_attention_score(
         k = gather_paged(key, block_table[rows], hkv, max(kv_lens[b] for b in singles))
         v = gather_paged(value, block_table[rows], hkv, max(kv_lens[b] for b in singles))
         tok = torch.tensor([q_starts[b] for b in singles])
-        o, l = attend_padded(query[tok].unsqueeze(1), k, v, ql[rows], kl[rows], scale, causal,
-                             pre, nxt, softmax_lse_flag)
+        o, lse_rows = attend_padded(query[tok].unsqueeze(1), k, v, ql[rows], kl[rows], scale,
+                                    causal, pre, nxt, softmax_lse_flag)
         out[tok] = o[:, 0]
         if softmax_lse_flag:
-            lse[tok] = l[:, 0].unsqueeze(-1)
+            lse[tok] = lse_rows[:, 0].unsqueeze(-1)
     for b in range(B):
         if q_lens[b] == 0 or (q_lens[b] == 1 and singles):
             continue
         s, e = q_starts[b], q_ends[b]
         k, v = get_kv(b)
-        o, l = attend_padded(query[s:e].unsqueeze(0), k, v, ql[b:b + 1],
-                             kl[b:b + 1], scale, causal, pre, nxt, softmax_lse_flag)
+        o, lse_rows = attend_padded(query[s:e].unsqueeze(0), k, v, ql[b:b + 1],
+                                    kl[b:b + 1], scale, causal, pre, nxt, softmax_lse_flag)
         out[s:e] = o[0]
         if softmax_lse_flag:
-            lse[s:e] = l[0].unsqueeze(-1)
+            lse[s:e] = lse_rows[0].unsqueeze(-1)
     return out, (lse if softmax_lse_flag else torch.zeros(1))
 
 
