@@ -5,6 +5,8 @@ import os
 
 # Offline LLM tests run the engine in-process: much faster to start, same code paths.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# Every connection the tests make (process groups, engine message queues) stays on loopback.
+os.environ["VLLM_HOST_IP"] = "127.0.0.1"
 
 import pytest  # noqa: E402
 

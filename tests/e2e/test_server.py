@@ -3,81 +3,29 @@ all token-for-token against HF transformers; and the CLI's startup refusals."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
 import requests
 
 from tests.e2e.engine import vocab as _vocab
 from tests.e2e.reference import hf_greedy, random_prompt
-
-STARTUP_S = 300
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _vllm_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *args]
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the real serving layout: engine core process
-    return env
+from tests.e2e.server import complete, serve
+from tests.e2e.server import run_cli as _run_cli
 
 
 @pytest.fixture(scope="module")
 def server(tiny_models, parity_dtype, tmp_path_factory):
     path = tiny_models["llama"]
-    port = _free_port()
-    log = tmp_path_factory.mktemp("server") / "serve.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            _vllm_cmd(path, "--device", "npu", "--host", "127.0.0.1", "--port", str(port),
-                      "--dtype", parity_dtype, "--max-model-len", "1024", "--seed", "0",
-                      "--served-model-name", "tiny"),
-            stdout=out, stderr=subprocess.STDOUT, env=_env())
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + STARTUP_S
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                if requests.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.time() > deadline:
-                pytest.fail(f"vllm serve not healthy after {STARTUP_S}s:\n"
-                            f"{log.read_text()[-4000:]}")
-            time.sleep(1)
+    with serve(path, tmp_path_factory.mktemp("server"), "--dtype", parity_dtype,
+               "--max-model-len", "1024", "--seed", "0") as base:
         yield base, path
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def test_completions_match_hf(server):
     base, path = server
     for seed, length in ((1, 7), (2, 140)):
         prompt = random_prompt(seed, length, _vocab(path))
-        r = requests.post(f"{base}/v1/completions", timeout=120, json={
-            "model": "tiny", "prompt": prompt, "max_tokens": 16, "temperature": 0,
-            "ignore_eos": True, "return_token_ids": True})
-        r.raise_for_status()
-        assert r.json()["choices"][0]["token_ids"] == hf_greedy(path, prompt, 16)
+        assert complete(base, prompt, 16) == hf_greedy(path, prompt, 16)
 
 
 def test_chat_completions_match_hf(server):
@@ -111,11 +59,6 @@ def test_streaming_equals_non_streaming(server):
                 pieces.append(json.loads(line[6:])["choices"][0]["text"])
     assert len(pieces) >= 2  # really streamed, not one blob
     assert "".join(pieces) == full["choices"][0]["text"]
-
-
-def _run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(_vllm_cmd(*args), capture_output=True, text=True, timeout=300,
-                          env=_env())
 
 
 def test_device_other_than_npu_is_refused(tiny_models):
