@@ -22,4 +22,12 @@ if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.vers
   VLLM_TARGET_DEVICE=empty $PIP install -q --no-build-isolation "$sdist"
 fi
 
+# CPU HCCL simulator (csrc/ -> vllm_npu/distributed/libhccl_sim.so), used on the simulated
+# NPU; make rebuilds it only when it is missing or older than its sources.
+if command -v "${CC:-gcc}" >/dev/null 2>&1; then
+  make -s -C csrc
+else
+  echo "install.sh: no C compiler (${CC:-gcc}); HCCL simulator not built (make -C csrc)" >&2
+fi
+
 $PIP install -q --no-build-isolation -e ".[test]"

@@ -44,6 +44,10 @@ def _positive_int(name: str, raw: str) -> int:
     return value
 
 
+def _text(name: str, raw: str) -> str:
+    return raw.strip()
+
+
 @dataclass(frozen=True)
 class EnvVar(Generic[T]):
     name: str
@@ -65,4 +69,15 @@ NPU_SIM_MEMORY_GB = EnvVar("NPU_SIM_MEMORY_GB", 4.0, _positive_float,
 NPU_SIM_DEVICE_COUNT = EnvVar("NPU_SIM_DEVICE_COUNT", 8, _positive_int,
                               "Number of simulated NPUs on this host.")
 
-ALL = (NPU_PLUGIN_DISABLE, NPU_PLUGIN_SIMULATE, NPU_SIM_MEMORY_GB, NPU_SIM_DEVICE_COUNT)
+# HCCL: the two HCCL_SIM_* are read by the simulator library itself (getenv); declared here
+# so that every variable the plugin honours is listed in one place.
+HCCL_LIBRARY_PATH = EnvVar("HCCL_LIBRARY_PATH", "", _text,
+                           "Path of the libhccl.so to load, overriding the search.")
+HCCL_SIM_TIMEOUT_S = EnvVar("HCCL_SIM_TIMEOUT_S", 60.0, _positive_float,
+                            "Simulator: seconds a rank waits for its peers before "
+                            "HCCL_E_TIMEOUT (read at communicator creation).")
+HCCL_SIM_BUFFER_MB = EnvVar("HCCL_SIM_BUFFER_MB", 16.0, _positive_float,
+                            "Simulator: MiB of shared staging memory per communicator.")
+
+ALL = (NPU_PLUGIN_DISABLE, NPU_PLUGIN_SIMULATE, NPU_SIM_MEMORY_GB, NPU_SIM_DEVICE_COUNT,
+       HCCL_LIBRARY_PATH, HCCL_SIM_TIMEOUT_S, HCCL_SIM_BUFFER_MB)

@@ -11,6 +11,7 @@ Identity per backend (see `vllm_npu.device`):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
@@ -128,9 +129,9 @@ class NPUPlatform(Platform):
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config,
                              num_heads: int | None = None) -> str:
         if getattr(attn_selector_config, "use_mla", False):
-            raise NotImplementedError(
-                "vllm_npu has no MLA attention backend yet (DeepSeek-style models); "
-                "use a model with standard multi-head / grouped-query attention")
+            from vllm_npu.attention.mla import select_mla_backend
+
+            return select_mla_backend(selected_backend, attn_selector_config)
         if selected_backend is not None and selected_backend.name != "CUSTOM":
             raise ValueError(
                 f"Attention backend {selected_backend.name} is not available on the NPU "
@@ -138,8 +139,14 @@ class NPUPlatform(Platform):
         return ATTENTION_BACKEND
 
     @classmethod
-    def get_mla_prefill_backend_cls(cls, *args, **kwargs) -> str:
-        raise NotImplementedError("vllm_npu has no MLA prefill backend yet")
+    def get_mla_prefill_backend_cls(cls, mla_selector_config):
+        # One fixed prefill backend (the fused attention op), never a CUDA one.
+        from vllm_npu.attention.mla_prefill import NPUMLAPrefillBackend
+
+        reasons = NPUMLAPrefillBackend.validate_configuration(None, mla_selector_config)
+        if reasons:
+            raise ValueError(f"NPU MLA prefill backend cannot run this model: {reasons}")
+        return NPUMLAPrefillBackend
 
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:
@@ -158,9 +165,6 @@ class NPUPlatform(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
-        from vllm.config import CompilationMode
-        from vllm.config.compilation import CUDAGraphMode
-
         log_backend()
         npu_config = NPUConfig.from_additional_config(vllm_config.additional_config)
         set_npu_config(npu_config)
@@ -190,22 +194,48 @@ class NPUPlatform(Platform):
                 f"--block-size {cache.block_size} is not supported on the NPU: the paged "
                 f"attention kernels take {list(PAGED_BLOCK_SIZES)}")
 
-        # Eager execution: graph capture (ACL graphs) is not wired up yet.
-        compilation = vllm_config.compilation_config
-        if compilation.mode != CompilationMode.NONE:
-            logger.info("vllm_npu: compilation mode %s -> NONE (eager)", compilation.mode)
-            compilation.mode = CompilationMode.NONE
-        compilation.cudagraph_mode = CUDAGraphMode.NONE
-        compilation.cudagraph_capture_sizes = []
-        if npu_config.enable_custom_ops:
-            if "all" not in compilation.custom_ops and "none" not in compilation.custom_ops:
-                compilation.custom_ops.append("all")
-        elif "none" not in compilation.custom_ops and "all" not in compilation.custom_ops:
-            compilation.custom_ops.append("none")
-
         model = vllm_config.model_config
         if model is not None and not SIMULATED:
             cls.check_if_supports_dtype(model.dtype)
+
+    @classmethod
+    def apply_config_platform_defaults(cls, vllm_config: "VllmConfig") -> None:
+        """NPU defaults for what the user left unset (vLLM fills the rest afterwards):
+        decode batches replay full ACL graphs (host launch overhead dominates decode on
+        Ascend) without torch.compile; a PIECEWISE mode turns on vLLM's compilation."""
+        from vllm.config import CompilationMode
+        from vllm.config.compilation import CUDAGraphMode
+
+        compilation = vllm_config.compilation_config
+        model = vllm_config.model_config
+        if compilation.cudagraph_mode is None and not (model and model.enforce_eager):
+            compilation.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+        if compilation.mode is None:
+            needs_compile = (compilation.cudagraph_mode is not None
+                             and compilation.cudagraph_mode.requires_piecewise_compilation())
+            compilation.mode = (CompilationMode.VLLM_COMPILE if needs_compile
+                                else CompilationMode.NONE)
+        if SIMULATED and compilation.mode == CompilationMode.VLLM_COMPILE:
+            # No Inductor code generation on the simulated NPU: Dynamo splits the graph,
+            # the pieces run eagerly inside ACL graph capture/replay.
+            compilation.backend = "eager"
+        # vLLM's fusion passes match CUDA kernels (and import only on CUDA/XPU): off here.
+        passes = compilation.pass_config
+        for name in dataclasses.fields(passes):
+            if (name.name.startswith("fuse_") or name.name.endswith("_fusion")) \
+                    and getattr(passes, name.name) is None:
+                setattr(passes, name.name, False)
+        custom_ops = compilation.custom_ops
+        if "all" not in custom_ops and "none" not in custom_ops:
+            npu_config = NPUConfig.from_additional_config(vllm_config.additional_config)
+            # Simulated ops are Python, not opaque device ops: Dynamo would trace into
+            # them, so compiled pieces use vLLM's native layers on the simulated NPU.
+            traced = SIMULATED and compilation.mode == CompilationMode.VLLM_COMPILE
+            use_npu_ops = npu_config.enable_custom_ops and not traced
+            custom_ops.append("all" if use_npu_ops else "none")
+        if vllm_config.scheduler_config.async_scheduling is None:
+            # Async scheduling needs device streams/events the V1 runner borrows from CUDA.
+            vllm_config.scheduler_config.async_scheduling = False
 
     @classmethod
     def update_block_size_for_backend(cls, vllm_config: "VllmConfig") -> None:
@@ -217,7 +247,17 @@ class NPUPlatform(Platform):
 
     @classmethod
     def support_static_graph_mode(cls) -> bool:
-        return False
+        return True
+
+    @classmethod
+    def get_static_graph_wrapper_cls(cls) -> str:
+        return "vllm_npu.compilation.acl_graph.ACLGraphWrapper"
+
+    @classmethod
+    def graph_pool_handle(cls):
+        from vllm_npu.compilation.graph_backend import get_graph_backend
+
+        return get_graph_backend().graph_pool_handle()
 
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:

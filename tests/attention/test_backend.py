@@ -236,7 +236,7 @@ def test_decode_kernel_follows_config(vllm_config, decode_op, mocker):
     a, b = h.add_request(), h.add_request()
     h.step([(a, 3), (b, 4)])
     pa = mocker.spy(ops, "_npu_paged_attention")
-    fia = mocker.spy(ops, "npu_fused_infer_attention_score")
+    fia = mocker.spy(ops, "npu_fused_infer_attention_score_out")
     out, refs = h.step([(a, 1), (b, 1)])
     h.check(out, refs)
     expect_paged = decode_op == "paged_attention"

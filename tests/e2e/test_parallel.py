@@ -10,6 +10,13 @@ from tests.e2e.reference import hf_greedy, random_prompt
 from tests.e2e.server import complete, serve
 
 
+def _hccl_library_of_model_parallel_groups(worker) -> str:
+    from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+    group = get_tp_group() if get_tp_group().world_size > 1 else get_pp_group()
+    return group.device_communicator.hccl.lib.path
+
+
 @pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
 def test_tp_pp_match_single_device(tiny_models, parity_dtype, tp, pp):
     path = tiny_models["llama"]  # 4 heads / 2 kv heads / 2 layers: splits evenly in 2
@@ -18,9 +25,12 @@ def test_tp_pp_match_single_device(tiny_models, parity_dtype, tp, pp):
                    distributed_executor_backend="mp", enable_sleep_mode=False)
     try:
         got = generate(llm, prompts, 16)
+        # The collectives really went through the HCCL binding (the CPU HCCL simulator).
+        libs = llm.collective_rpc(_hccl_library_of_model_parallel_groups)
     finally:
         shutdown(llm)
     assert got == [hf_greedy(path, p, 16) for p in prompts]
+    assert all(lib.endswith("libhccl_sim.so") for lib in libs)
 
 
 def test_data_parallel_serving_matches_single_device(tiny_models, parity_dtype, tmp_path):

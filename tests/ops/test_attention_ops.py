@@ -191,14 +191,25 @@ def test_reshape_and_cache_empty_batch_is_noop():
     assert not key_cache.any() and not value_cache.any()
 
 
-@pytest.mark.parametrize("bad", [-1, 2 * BS, 10_000])
+@pytest.mark.parametrize("bad", [2 * BS, 10_000])
 def test_reshape_and_cache_refuses_slot_out_of_range(bad):
     key_cache = torch.zeros(2, BS, 1, 16)
     key = torch.ones(2, 1, 16)
     slots = torch.tensor([0, bad], dtype=torch.int32)
-    with pytest.raises(NPUOpError, match=rf"slot indices must lie in \[0, {2 * BS}\)"):
+    with pytest.raises(NPUOpError, match=rf"slot indices must be < {2 * BS}"):
         _npu_reshape_and_cache(key, key, key_cache, key_cache.clone(), slots)
     assert not key_cache.any()  # refused before any write
+
+
+def test_reshape_and_cache_skips_padding_slots():
+    """PAD_SLOT_ID (-1) marks the padding tokens of a graph batch: nothing is written."""
+    key_cache = torch.zeros(2, BS, 1, 16)
+    value_cache = torch.zeros(2, BS, 1, 16)
+    key = torch.arange(3 * 16, dtype=torch.float32).view(3, 1, 16) + 1
+    slots = torch.tensor([5, -1, BS + 2], dtype=torch.int32)
+    _npu_reshape_and_cache(key, -key, key_cache, value_cache, slots)
+    assert torch.equal(key_cache[0, 5], key[0]) and torch.equal(value_cache[1, 2], -key[2])
+    assert int((key_cache != 0).any(-1).sum()) == 2  # the padding token went nowhere
 
 
 def test_reshape_and_cache_refuses_int64_slots():

@@ -68,10 +68,13 @@ def test_float32_is_refused_on_a_real_device_only(monkeypatch):
 def test_attention_backend_choice():
     from types import SimpleNamespace
 
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
     path = NPUPlatform.get_attn_backend_cls(None, SimpleNamespace(use_mla=False))
     assert path == "vllm_npu.attention.backend.NPUAttentionBackend"
-    with pytest.raises(NotImplementedError, match="no MLA attention backend"):
-        NPUPlatform.get_attn_backend_cls(None, SimpleNamespace(use_mla=True))
+    mla = AttentionSelectorConfig(head_size=576, dtype=torch.bfloat16, kv_cache_dtype="auto",
+                                  block_size=128, use_mla=True)
+    assert NPUPlatform.get_attn_backend_cls(None, mla) == "vllm_npu.attention.mla.NPUMLABackend"
     with pytest.raises(ValueError, match="FLASH_ATTN is not available on the NPU platform"):
         NPUPlatform.get_attn_backend_cls(SimpleNamespace(name="FLASH_ATTN"),
                                          SimpleNamespace(use_mla=False))
@@ -87,12 +90,37 @@ def test_engine_config_gets_npu_defaults(tiny_models):
     from vllm.config import CompilationMode
     from vllm.config.compilation import CUDAGraphMode
 
-    cfg = _engine_config(tiny_models["llama"])
+    cfg = _engine_config(tiny_models["llama"], max_num_seqs=8)
     assert cfg.parallel_config.worker_cls == "vllm_npu.worker.worker.NPUWorker"
     assert cfg.scheduler_config.async_scheduling is False
+    # Decode replays full ACL graphs, without torch.compile; sizes bounded by max_num_seqs.
     assert cfg.compilation_config.mode == CompilationMode.NONE
-    assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
+    assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
+    assert cfg.compilation_config.cudagraph_capture_sizes == [1, 2, 4, 8, 16]
     assert "all" in cfg.compilation_config.custom_ops
+
+
+@pytest.mark.parametrize("mode,compile_mode,wants_compile", [
+    ("NONE", "NONE", False), ("FULL", "NONE", False), ("FULL_DECODE_ONLY", "NONE", False),
+    ("PIECEWISE", "VLLM_COMPILE", True), ("FULL_AND_PIECEWISE", "VLLM_COMPILE", True)])
+def test_graph_modes_map_to_compilation(tiny_models, simulated, mode, compile_mode,
+                                        wants_compile):
+    from vllm.config import CompilationMode
+    from vllm.config.compilation import CUDAGraphMode
+
+    cc = _engine_config(tiny_models["llama"],
+                        compilation_config={"cudagraph_mode": mode}).compilation_config
+    assert cc.cudagraph_mode == CUDAGraphMode[mode]
+    assert cc.mode == CompilationMode[compile_mode]
+    if wants_compile and simulated:
+        assert cc.backend == "eager" and "none" in cc.custom_ops
+
+
+def test_enforce_eager_disables_graphs(tiny_models):
+    from vllm.config.compilation import CUDAGraphMode
+
+    cc = _engine_config(tiny_models["llama"], enforce_eager=True).compilation_config
+    assert cc.cudagraph_mode == CUDAGraphMode.NONE
 
 
 def test_unsupported_block_size_fails_at_startup(tiny_models):

@@ -23,6 +23,7 @@ from vllm.forward_context import get_forward_context
 from vllm.utils.torch_utils import get_dtype_size
 from vllm.v1.attention.backend import (
     AttentionBackend,
+    AttentionCGSupport,
     AttentionImpl,
     AttentionLayer,
     AttentionMetadataBuilder,
@@ -33,6 +34,8 @@ from vllm.v1.attention.backend import (
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
 
 from vllm_npu import ops
+from vllm_npu.compilation.graph_backend import get_graph_backend
+from vllm_npu.compilation.graph_params import GRAPH_PARAMS, AttentionTasks
 from vllm_npu.config import get_npu_config
 
 MASK_SIDE = 2048  # the fused op's compressed causal mask is always 2048 x 2048
@@ -107,6 +110,17 @@ class NPUAttentionMetadata:
 
 
 class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]):
+    impl_cls: ClassVar[type]  # set below; its update_graph_params makes FULL graphs safe
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config: VllmConfig,
+                              kv_cache_spec: AttentionSpec) -> AttentionCGSupport:
+        """FULL graphs (any batch) only with the parameter-update hook: without it a
+        replayed attention task keeps the capture's sequence lengths and block table."""
+        if callable(getattr(cls.impl_cls, "update_graph_params", None)):
+            return AttentionCGSupport.ALWAYS
+        return AttentionCGSupport.NEVER
+
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str],
                  vllm_config: VllmConfig, device: torch.device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -159,6 +173,8 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.use_paged_decode = (get_npu_config().decode_attention_op == "paged_attention"
                                  and sliding_window is None)
+        self._lse: torch.Tensor | None = None  # the fused op's unused LSE output
+        self._captured_cache_task: tuple | None = None
 
     def _planes(self, kv_cache: torch.Tensor):
         """[num_blocks, 2, bs, Hkv*D] -> K, V planes [num_blocks, bs, Hkv*D]."""
@@ -167,18 +183,70 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
     def _as_heads(self, plane: torch.Tensor) -> torch.Tensor:
         return plane.view(*plane.shape[:2], self.num_kv_heads, self.head_size)
 
+    def _write_cache(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                     meta: NPUAttentionMetadata) -> None:
+        k_plane, v_plane = self._planes(kv_cache)
+        ops._npu_reshape_and_cache(key, value, self._as_heads(k_plane),
+                                   self._as_heads(v_plane), meta.slot_mapping)
+
+    def _attend(self, kind: str, q: torch.Tensor, kv_cache: torch.Tensor,
+                meta: NPUAttentionMetadata, out: torch.Tensor) -> None:
+        """The one attention call, shared by eager runs, graph capture and task updates."""
+        k_plane, v_plane = self._planes(kv_cache)
+        if kind == "paged_decode":
+            ops._npu_paged_attention(q, self._as_heads(k_plane), self._as_heads(v_plane),
+                                     self.num_kv_heads, self.num_heads, self.scale,
+                                     meta.block_table, meta.seq_lens, out)
+            return
+        window = {"sparse_mode": 3}
+        if self.sliding_window is not None:
+            window = {"sparse_mode": 4, "pre_tokens": self.sliding_window - 1,
+                      "next_tokens": 0}
+        if self._lse is None:
+            self._lse = torch.zeros(1, dtype=torch.float32, device=q.device)
+        ops.npu_fused_infer_attention_score_out(
+            q, k_plane, v_plane, out=[out, self._lse],
+            atten_mask=meta.attn_mask,
+            actual_seq_lengths=meta.query_ends,
+            actual_seq_lengths_kv=meta.seq_lens_list,
+            block_table=meta.block_table,
+            num_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            scale=self.scale,
+            input_layout="TND",
+            block_size=k_plane.shape[1],
+            **window,
+        )
+
+    def _kind(self, meta: NPUAttentionMetadata, capturing_desc) -> str:
+        # A graph captured for a uniform-decode BatchDescriptor only ever replays pure
+        # decode batches; any other graph may replay mixed ones, so it captures the fused op.
+        decode_ok = capturing_desc is None or capturing_desc.uniform
+        if meta.is_pure_decode and self.use_paged_decode and decode_ok:
+            return "paged_decode"
+        return "fused"
+
+    @staticmethod
+    def _layer_metadata(layer: AttentionLayer):
+        meta = get_forward_context().attn_metadata
+        return meta.get(layer.layer_name) if isinstance(meta, dict) else meta
+
     def do_kv_cache_update(self, layer: AttentionLayer, key: torch.Tensor, value: torch.Tensor,
                            kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         if self.kv_sharing_target_layer_name is not None:
             return
-        meta = get_forward_context().attn_metadata
-        meta = meta.get(layer.layer_name) if isinstance(meta, dict) else meta
+        meta = self._layer_metadata(layer)
         if meta is None:  # profile / dummy run: nothing to store
             return
         n = meta.num_actual_tokens
-        k_plane, v_plane = self._planes(kv_cache)
-        ops._npu_reshape_and_cache(key[:n], value[:n], self._as_heads(k_plane),
-                                   self._as_heads(v_plane), meta.slot_mapping)
+        backend = get_graph_backend()
+        if not backend.is_capturing():
+            self._write_cache(key[:n], value[:n], kv_cache, meta)
+            return
+        stream = backend.current_stream()
+        backend.task_group_begin(stream)
+        self._write_cache(key[:n], value[:n], kv_cache, meta)
+        self._captured_cache_task = (backend.task_group_end(stream), key[:n], value[:n])
 
     def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor, kv_cache: torch.Tensor,
@@ -190,30 +258,33 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
             raise NotImplementedError("NPU attention: fused output quantization")
         if attn_metadata is None:  # profile / dummy run
             return output
-        meta = attn_metadata
-        n = meta.num_actual_tokens
-        k_plane, v_plane = self._planes(kv_cache)
-        q = query[:n]
-        if meta.is_pure_decode and self.use_paged_decode:
-            ops._npu_paged_attention(q, self._as_heads(k_plane), self._as_heads(v_plane),
-                                     self.num_kv_heads, self.num_heads, self.scale,
-                                     meta.block_table, meta.seq_lens, output[:n])
+        n = attn_metadata.num_actual_tokens
+        backend = get_graph_backend()
+        if not backend.is_capturing():
+            self._attend(self._kind(attn_metadata, None), query[:n], kv_cache, attn_metadata,
+                         output[:n])
             return output
-        window = {}
-        if self.sliding_window is not None:
-            window = dict(sparse_mode=4, pre_tokens=self.sliding_window - 1, next_tokens=0)
-        out, _ = ops.npu_fused_infer_attention_score(
-            q, k_plane, v_plane,
-            atten_mask=meta.attn_mask,
-            actual_seq_lengths=meta.query_ends,
-            actual_seq_lengths_kv=meta.seq_lens_list,
-            block_table=meta.block_table,
-            num_heads=self.num_heads,
-            num_key_value_heads=self.num_kv_heads,
-            scale=self.scale,
-            input_layout="TND",
-            block_size=k_plane.shape[1],
-            **({"sparse_mode": 3} | window),
-        )
-        output[:n].copy_(out)
+        desc = get_forward_context().batch_descriptor
+        kind = self._kind(attn_metadata, desc)
+        stream = backend.current_stream()
+        backend.task_group_begin(stream)
+        self._attend(kind, query[:n], kv_cache, attn_metadata, output[:n])
+        attention = backend.task_group_end(stream)
+        cache_write, key_n, value_n = self._captured_cache_task
+        GRAPH_PARAMS.register(desc, layer.layer_name, AttentionTasks(
+            cache_write=cache_write, attention=attention, kind=kind, query=query[:n],
+            key=key_n, value=value_n, kv_cache=kv_cache, output=output[:n]))
         return output
+
+    def update_graph_params(self, backend, stream, tasks: AttentionTasks,
+                            meta: NPUAttentionMetadata) -> None:
+        """Re-issue this layer's captured tasks for a new batch (before a FULL replay)."""
+        backend.task_update_begin(stream, tasks.cache_write)
+        self._write_cache(tasks.key, tasks.value, tasks.kv_cache, meta)
+        backend.task_update_end(stream)
+        backend.task_update_begin(stream, tasks.attention)
+        self._attend(tasks.kind, tasks.query, tasks.kv_cache, meta, tasks.output)
+        backend.task_update_end(stream)
+
+
+NPUAttentionMetadataBuilder.impl_cls = NPUAttentionImpl

@@ -1,2 +1,3 @@
-"""ACL graph capture and replay. Not wired up yet: the platform runs eager
-(CompilationMode.NONE, CUDAGraphMode.NONE) and reports no static graph support."""
+"""ACL graph capture and replay: the graph backend (device or simulated), the static graph
+wrapper vLLM uses for FULL and PIECEWISE graphs, and the attention parameter-update
+protocol that keeps replayed attention tasks current."""

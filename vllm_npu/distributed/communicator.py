@@ -1,15 +1,130 @@
-"""NPUCommunicator: the platform's device communicator.
+"""NPUCommunicator: the platform's device communicator, over the HCCL binding.
 
-In simulation the device group is a gloo group over CPU tensors, so vLLM's base
-communicator (torch.distributed collectives on the device group) is exactly right; on a
-device the same calls run over torch_npu's HCCL process-group backend.
+Every collective on the device group goes through `PyHcclCommunicator` (ctypes HCCL): on
+an NPU the real libhccl, on the simulated NPU the CPU HCCL simulator from `csrc/` — the
+same binding code either way. On the simulated NPU each call is also a graph op, so a
+captured ACL graph replays its collectives like the device does.
 """
 from __future__ import annotations
 
+import torch
+from torch.distributed import ProcessGroup
 from vllm.distributed.device_communicators.base_device_communicator import (
     DeviceCommunicatorBase,
 )
 
+from vllm_npu.device import select_backend
+
+
+def _graph_aware(fn):
+    if select_backend().simulated:
+        from vllm_npu.ops.sim.graph import graph_op
+
+        return graph_op(fn)
+    return fn
+
+
+@_graph_aware
+def _all_reduce(comm, x: torch.Tensor) -> torch.Tensor:
+    return comm.all_reduce(x.contiguous())
+
+
+@_graph_aware
+def _all_gather(comm, x: torch.Tensor, world: int) -> torch.Tensor:
+    out = torch.empty((world * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype,
+                      device=x.device)
+    comm.all_gather(out, x.contiguous())
+    return out
+
+
+@_graph_aware
+def _reduce_scatter(comm, x: torch.Tensor, world: int) -> torch.Tensor:
+    out = torch.empty((x.shape[0] // world,) + tuple(x.shape[1:]), dtype=x.dtype,
+                      device=x.device)
+    comm.reduce_scatter(out, x.contiguous())
+    return out
+
 
 class NPUCommunicator(DeviceCommunicatorBase):
-    """torch.distributed collectives on the NPU device group (hccl) or its gloo stand-in."""
+    def __init__(self, cpu_group: ProcessGroup, device: torch.device | None = None,
+                 device_group: ProcessGroup | None = None, unique_name: str = "",
+                 global_ranks: list[int] | None = None,
+                 global_world_size: int | None = None, use_all2all: bool = False) -> None:
+        super().__init__(cpu_group, device, device_group, unique_name, global_ranks,
+                         global_world_size, use_all2all)
+        self.hccl = None
+        if self.world_size > 1:
+            from vllm_npu.distributed.pyhccl import PyHcclCommunicator
+
+            self.hccl = PyHcclCommunicator(group=self.cpu_group, device=self.device)
+
+    def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
+        if self.hccl is None:
+            return input_
+        return _all_reduce(self.hccl, input_)
+
+    def all_gather(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        if self.hccl is None:
+            return input_
+        dim = dim % input_.dim()
+        gathered = _all_gather(self.hccl, input_.movedim(dim, 0), self.world_size)
+        return gathered.movedim(0, dim).contiguous()
+
+    def all_gatherv(self, input_, dim: int = 0, sizes: list[int] | None = None):
+        """Uneven all-gather along `dim`: pad every rank to the largest size, gather, trim."""
+        if isinstance(input_, list):
+            return [self.all_gatherv(t, dim, sizes) for t in input_]
+        if sizes is None:
+            return self.all_gather(input_, dim)
+        dim = dim % input_.dim()
+        pad = max(sizes) - input_.shape[dim]
+        padded = torch.nn.functional.pad(input_.movedim(dim, -1), (0, pad)).movedim(-1, dim)
+        chunks = self.all_gather(padded, dim).split(max(sizes), dim=dim)
+        return torch.cat([c.narrow(dim, 0, n) for c, n in zip(chunks, sizes)], dim=dim)
+
+    def reduce_scatter(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        if self.hccl is None:
+            return input_
+        dim = dim % input_.dim()
+        if input_.shape[dim] % self.world_size:
+            raise ValueError(f"reduce_scatter: dim {dim} of size {input_.shape[dim]} does "
+                             f"not split over {self.world_size} ranks")
+        out = _reduce_scatter(self.hccl, input_.movedim(dim, 0), self.world_size)
+        return out.movedim(0, dim).contiguous()
+
+    def reduce_scatterv(self, input_: torch.Tensor, dim: int = -1,
+                        sizes: list[int] | None = None) -> torch.Tensor:
+        """Uneven reduce-scatter: reduce everything, keep this rank's slice."""
+        if sizes is None:
+            return self.reduce_scatter(input_, dim)
+        dim = dim % input_.dim()
+        start = sum(sizes[:self.rank_in_group])
+        return self.all_reduce(input_).narrow(dim, start, sizes[self.rank_in_group])
+
+    def gather(self, input_: torch.Tensor, dst: int = 0, dim: int = -1):
+        gathered = self.all_gather(input_, dim)
+        return gathered if self.rank_in_group == dst else None
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        if self.hccl is not None:
+            self.hccl.broadcast(tensor, src)
+        return tensor
+
+    def send(self, tensor: torch.Tensor, dst: int | None = None) -> None:
+        dst = (self.rank_in_group + 1) % self.world_size if dst is None else dst
+        self.hccl.send(tensor.contiguous(), dst)
+
+    def recv(self, size: torch.Size, dtype: torch.dtype, src: int | None = None):
+        src = (self.rank_in_group - 1) % self.world_size if src is None else src
+        tensor = torch.empty(size, dtype=dtype, device=self.device)
+        self.hccl.recv(tensor, src)
+        return tensor
+
+    def all_to_all(self, output: torch.Tensor, input_: torch.Tensor) -> torch.Tensor:
+        self.hccl.all_to_all(output, input_.contiguous())
+        return output
+
+    def destroy(self) -> None:
+        if self.hccl is not None:
+            self.hccl.destroy()
+            self.hccl = None

@@ -10,6 +10,14 @@ npu_swiglu = torch_npu.npu_swiglu
 npu_fused_infer_attention_score = torch_npu.npu_fused_infer_attention_score
 
 
+def npu_fused_infer_attention_score_out(query, key, value, *, out, workspace=None, **kwargs):
+    if workspace is None:
+        workspace = torch_npu._npu_fused_infer_attention_score_get_max_workspace(
+            query, key, value, **kwargs)
+    torch_npu.npu_fused_infer_attention_score.out(query, key, value, workspace=workspace,
+                                                  out=out, **kwargs)
+
+
 def _npu_paged_attention(query, key_cache, value_cache, num_kv_heads, num_heads, scale_value,
                          block_table, context_lens, out):
     torch_npu._npu_paged_attention(query=query, key_cache=key_cache, value_cache=value_cache,
@@ -21,3 +29,17 @@ def _npu_paged_attention(query, key_cache, value_cache, num_kv_heads, num_heads,
 def _npu_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
     torch_npu._npu_reshape_and_cache(key=key, value=value, key_cache=key_cache,
                                      value_cache=value_cache, slot_indices=slot_indices)
+
+
+def _npu_reshape_and_cache_siso(key, key_cache, slot_indices):
+    torch_npu._npu_reshape_and_cache_siso(key=key, key_cache=key_cache,
+                                          slot_indices=slot_indices)
+
+
+def _npu_paged_attention_mla(query, key_cache, num_kv_heads, num_heads, scale_value,
+                             block_table, context_lens, mla_vheadsize, out):
+    torch_npu._npu_paged_attention_mla(query=query, key_cache=key_cache,
+                                       num_kv_heads=num_kv_heads, num_heads=num_heads,
+                                       scale_value=scale_value, block_table=block_table,
+                                       context_lens=context_lens,
+                                       mla_vheadsize=mla_vheadsize, out=out)

@@ -13,7 +13,8 @@ import os
 import random
 
 ARCHS = ("llama", "qwen2")
-EXTRA_ARCHS = ("mistral",)  # sliding-window attention; built on request
+EXTRA_ARCHS = ("mistral",  # sliding-window attention; built on request
+               "deepseek_v3")  # MLA, dense layers only; built on request
 CORPUS_WORDS = ("the npu runs vllm with paged attention and a simulated device while "
                 "tokens flow through blocks of cache into every layer of the tiny model "
                 "hello world ascend serving prefix chunk decode prefill sample greedy").split()
@@ -55,7 +56,23 @@ def _config(arch: str, vocab_size: int, bos: int, eos: int, **overrides):
         return LlamaConfig(tie_word_embeddings=False, **common)
     if arch == "mistral":
         return MistralConfig(tie_word_embeddings=False, **common)
+    if arch == "deepseek_v3":
+        return _deepseek_v3_config(common)
     return Qwen2Config(tie_word_embeddings=True, use_sliding_window=False, **common)
+
+
+def _deepseek_v3_config(common: dict):
+    """MLA attention with small latent dims by default (override for DeepSeek-V3's real
+    kv_lora_rank 512 / rope 64 / nope 128 / v 128); every layer dense (no MoE)."""
+    from transformers import DeepseekV3Config
+
+    mla = dict(kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=32,
+               v_head_dim=32, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+               moe_intermediate_size=64, n_group=1, topk_group=1, rope_interleave=True)
+    mla.update(common)
+    mla["num_key_value_heads"] = mla["num_attention_heads"]
+    mla.setdefault("first_k_dense_replace", mla["num_hidden_layers"])
+    return DeepseekV3Config(tie_word_embeddings=False, **mla)
 
 
 def build_tiny_model(path: str, arch: str = "llama", seed: int = 0, vocab_size: int = 512,

@@ -5,15 +5,69 @@ attention backend; only its CUDA-specific leaves change here:
   - slot mapping: vLLM's Triton kernel is replaced through the platform's
     `register_triton_kernel_overrides` (worker/slot_mapping.py), not here;
   - block zeroing: vectorised index_fill instead of a Triton kernel;
-  - device -> host token copy: a plain `tolist()` on the simulated NPU (no events on CPU).
+  - device -> host token copy: a plain `tolist()` on the simulated NPU (no events on CPU);
+  - FULL graphs: vLLM wraps the model in its CUDAGraphWrapper; the runner uses the ACL one
+    and, before each FULL replay, refreshes the captured attention tasks.
 """
 from __future__ import annotations
 
+import logging
+import time
+from typing import Any
+
 import torch
+from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+from vllm.compilation.cuda_graph import CUDAGraphWrapper
+from vllm.config import CUDAGraphMode
+from vllm.forward_context import get_forward_context
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+from vllm.v1.worker.workspace import lock_workspace
+
+from vllm_npu.compilation.acl_graph import ACLGraphWrapper
+from vllm_npu.compilation.graph_params import GRAPH_PARAMS, update_attention_tasks
+
+logger = logging.getLogger("vllm.npu")
 
 
 class NPUModelRunner(GPUModelRunner):
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        super().load_model(*args, **kwargs)
+        if isinstance(self.model, CUDAGraphWrapper):
+            self.model = ACLGraphWrapper(self.model.runnable, self.vllm_config,
+                                         runtime_mode=CUDAGraphMode.FULL)
+
+    def capture_model(self) -> int:
+        """Capture one ACL graph per BatchDescriptor vLLM's dispatcher asks for (largest
+        first). vLLM's own capture_model enters a CUDA-only stream/communicator context;
+        the rest — warm-ups, dummy batches, progress bar — is its `_capture_cudagraphs`."""
+        if self.compilation_config.cudagraph_mode == CUDAGraphMode.NONE:
+            return 0
+        start = time.perf_counter()
+        GRAPH_PARAMS.clear()  # tasks of graphs captured before (another engine) are stale
+        captures_before = ACLGraphWrapper.stats.captures
+        set_cudagraph_capturing_enabled(True)
+        try:
+            with self._freeze_gc():
+                for mode, descs in self.cudagraph_dispatcher.get_capture_descs():
+                    self._capture_cudagraphs(batch_descriptors=descs,
+                                             cudagraph_runtime_mode=mode)
+        finally:
+            set_cudagraph_capturing_enabled(False)
+        lock_workspace()
+        logger.info("vllm_npu: captured %d ACL graphs in %.1f s",
+                    ACLGraphWrapper.stats.captures - captures_before,
+                    time.perf_counter() - start)
+        return 0
+
+    def _model_forward(self, *args: Any, **kwargs: Any) -> Any:
+        ctx = get_forward_context()
+        if (ctx.cudagraph_runtime_mode == CUDAGraphMode.FULL
+                and isinstance(self.model, ACLGraphWrapper)
+                and self.model.has_graph(ctx.batch_descriptor)):
+            layers = self.compilation_config.static_forward_context
+            self.model.replay_event = update_attention_tasks(ctx, layers)
+        return super()._model_forward(*args, **kwargs)
+
     def _zero_block_ids(self, block_ids: list[int]) -> None:
         """Zero whole KV blocks (needed by Mamba / mixed-precision KV layouts)."""
         if not block_ids or not getattr(self, "kv_caches", None):

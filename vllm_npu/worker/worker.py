@@ -11,6 +11,7 @@ import gc
 import logging
 
 import torch
+from vllm.config import CompilationMode, CUDAGraphMode
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
@@ -104,6 +105,9 @@ class NPUWorker(Worker):
         if self.simulated:
             from vllm_npu.worker.sim_memory import PeakMemoryTracker
 
+            if self.compilation_config.mode != CompilationMode.NONE:
+                # Dynamo refuses to trace under a dispatch mode: compile first, measure after.
+                self.model_runner.profile_run()
             tracker = PeakMemoryTracker(
                 ignore={t.untyped_storage().data_ptr() for t in model.parameters()})
             with tracker:
@@ -137,7 +141,10 @@ class NPUWorker(Worker):
 
     @on_simulated_device
     def compile_or_warm_up_model(self) -> CompilationTimes:
-        # Eager execution: no graphs to capture, no CUDA kernels to warm up.
+        # Capture the ACL graphs (vLLM's runner drives the sizes, warm-ups and progress
+        # bar); vLLM's CUDA kernel warm-up does not apply to the NPU.
+        if self.compilation_config.cudagraph_mode != CUDAGraphMode.NONE:
+            self.model_runner.capture_model()
         set_random_seed(self.model_config.seed, self.parallel_config.data_parallel_index)
         return CompilationTimes(language_model=self.compilation_config.compilation_time,
                                 encoder=self.compilation_config.encoder_compilation_time)

@@ -1,9 +1,18 @@
-"""The simulated NPU's ops: plain PyTorch on the CPU with torch_npu's conventions."""
-from vllm_npu.ops.sim.activation import npu_swiglu
-from vllm_npu.ops.sim.attention import _npu_paged_attention, npu_fused_infer_attention_score
-from vllm_npu.ops.sim.cache import _npu_reshape_and_cache
-from vllm_npu.ops.sim.norm import npu_add_rms_norm, npu_rms_norm
-from vllm_npu.ops.sim.rotary import npu_rotary_mul
+"""The simulated NPU's ops: plain PyTorch on the CPU with torch_npu's conventions.
 
-__all__ = ["npu_swiglu", "_npu_paged_attention", "npu_fused_infer_attention_score",
-           "_npu_reshape_and_cache", "npu_add_rms_norm", "npu_rms_norm", "npu_rotary_mul"]
+Every op is graph-aware (`graph.graph_op`): under a simulated graph capture it is recorded
+as one task whose arguments stay frozen until a task update refreshes them.
+"""
+from vllm_npu.ops.sim import activation, attention, cache, mla, norm, rotary
+from vllm_npu.ops.sim.graph import graph_op
+
+npu_swiglu = graph_op(activation.npu_swiglu)
+npu_rms_norm = graph_op(norm.npu_rms_norm)
+npu_add_rms_norm = graph_op(norm.npu_add_rms_norm)
+npu_rotary_mul = graph_op(rotary.npu_rotary_mul)
+npu_fused_infer_attention_score = graph_op(attention.npu_fused_infer_attention_score)
+npu_fused_infer_attention_score_out = graph_op(attention.npu_fused_infer_attention_score_out)
+_npu_paged_attention = graph_op(attention._npu_paged_attention)
+_npu_reshape_and_cache = graph_op(cache._npu_reshape_and_cache)
+_npu_reshape_and_cache_siso = graph_op(mla._npu_reshape_and_cache_siso)
+_npu_paged_attention_mla = graph_op(mla._npu_paged_attention_mla)

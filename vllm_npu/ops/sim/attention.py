@@ -259,3 +259,18 @@ def _npu_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
     o, _ = attend_padded(query.unsqueeze(1), k, v, ones, context_lens.long(), scale_value,
                          True, _INT_MAX, 0)
     out.copy_(o[:, 0])
+
+
+def npu_fused_infer_attention_score_out(query: torch.Tensor, key: torch.Tensor,
+                                        value: torch.Tensor, *, out: list[torch.Tensor],
+                                        workspace: torch.Tensor | None = None,
+                                        **kwargs) -> None:
+    """The `.out` variant (what graph capture records): results go into out=[attn, lse]."""
+    op = "npu_fused_infer_attention_score.out"
+    attn, lse = npu_fused_infer_attention_score(query, key, value, **kwargs)
+    if out[0].shape != attn.shape or out[0].dtype != attn.dtype:
+        raise NPUOpError(f"{op}: out[0] must be {tuple(attn.shape)} {attn.dtype}, got "
+                         f"{tuple(out[0].shape)} {out[0].dtype}")
+    out[0].copy_(attn)
+    if kwargs.get("softmax_lse_flag"):
+        out[1].copy_(lse)

@@ -1,6 +1,6 @@
 """Simulated ATB `_npu_reshape_and_cache`: scatter new K/V tokens into their cache slots.
 
-    slot s  ->  block s // block_size, offset s % block_size
+    slot s  ->  block s // block_size, offset s % block_size;  s < 0 (padding) is skipped
     key [T, Hkv, D] -> key_cache [num_blocks, block_size, Hkv, D]
 """
 from __future__ import annotations
@@ -30,8 +30,9 @@ def _npu_reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: to
                          f"{slot_indices.dtype} {tuple(slot_indices.shape)}")
     capacity = key_cache.shape[0] * key_cache.shape[1]
     slots = slot_indices.long()
-    if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= capacity):
-        raise NPUOpError(f"{op}: slot indices must lie in [0, {capacity}), got "
-                         f"[{int(slots.min())}, {int(slots.max())}]")
-    key_cache.view(capacity, *key_cache.shape[2:])[slots] = key
-    value_cache.view(capacity, *value_cache.shape[2:])[slots] = value
+    if slots.numel() and int(slots.max()) >= capacity:
+        raise NPUOpError(f"{op}: slot indices must be < {capacity} (negative = padding, "
+                         f"skipped), got max {int(slots.max())}")
+    keep = slots >= 0  # PAD_SLOT_ID (-1) marks padding tokens of a graph batch
+    key_cache.view(capacity, *key_cache.shape[2:])[slots[keep]] = key[keep]
+    value_cache.view(capacity, *value_cache.shape[2:])[slots[keep]] = value[keep]

@@ -1,0 +1,93 @@
+"""Decode-step host cost, eager vs ACL graph replay, for batch sizes 1…256.
+
+Builds the bundled tiny model on the (simulated) NPU with FULL_DECODE_ONLY graphs captured
+at every measured batch size, then for each batch size times one uniform-decode forward
+run eagerly and one replayed from its graph (task updates included), and counts the ops
+the host dispatches per step: eager = every aten op and device op of the forward; replay
+= the graph launch plus the attention task updates (2 per layer). On the simulated NPU a
+replay still executes every op on the CPU, so its *time* is not a device prediction; the
+dispatch counts are what a device sees.
+
+    python benchmarks/graph_replay.py [--batches 1 2 4 ... 256] [--iters 5]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def _median_ms(fn, iters: int) -> float:
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="+",
+                        default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--model", default=None, help="model path (default: build tiny)")
+    args = parser.parse_args()
+
+    import torch
+    from vllm import LLM
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import get_forward_context
+
+    from vllm_npu.compilation.acl_graph import ACLGraphWrapper
+    from vllm_npu.compilation.graph_params import update_attention_tasks
+    from vllm_npu.ops.sim.graph import SimGraph
+    from vllm_npu.testing.tiny_model import build_tiny_model
+
+    model = args.model or build_tiny_model(os.path.join(tempfile.gettempdir(),
+                                                        "vllm_npu-bench-llama"))
+    batches = sorted(args.batches)
+    llm = LLM(model, dtype="float32", max_model_len=256, max_num_seqs=max(batches),
+              max_num_batched_tokens=max(256, max(batches)), seed=0,
+              compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY",
+                                  "cudagraph_capture_sizes": batches})
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    layers = runner.compilation_config.static_forward_context
+    num_layers = sum(1 for v in layers.values() if hasattr(v, "impl"))
+
+    # Every FULL step refreshes the attention tasks before replaying, as execute_model does.
+    graph_model = runner.model
+
+    def step_with_updates(*a, **kw):
+        ctx = get_forward_context()
+        if ctx.cudagraph_runtime_mode == CUDAGraphMode.FULL and graph_model.has_graph(
+                ctx.batch_descriptor):
+            graph_model.replay_event = update_attention_tasks(ctx, layers)
+        return graph_model(*a, **kw)
+
+    print("| batch | eager ms/step | replay ms/step | eager host ops | replay host ops |")
+    print("|---:|---:|---:|---:|---:|")
+    with torch.inference_mode():
+        for b in batches:
+            def run(mode):
+                return runner._dummy_run(b, cudagraph_runtime_mode=mode, uniform_decode=True,
+                                         force_attention=True, skip_eplb=True)
+
+            runner.model = graph_model
+            eager = _median_ms(lambda: run(CUDAGraphMode.NONE), args.iters)
+            runner.model = step_with_updates
+            replays0 = ACLGraphWrapper.stats.replays
+            replay = _median_ms(lambda: run(CUDAGraphMode.FULL), args.iters)
+            assert ACLGraphWrapper.stats.replays - replays0 == args.iters, "graph not replayed"
+            entry = next(e for d, e in graph_model.entries.items() if d.num_tokens == b)
+            eager_ops = len(entry.graph.entries) if isinstance(entry.graph, SimGraph) else "-"
+            print(f"| {b} | {eager:.2f} | {replay:.2f} | {eager_ops} | {1 + 2 * num_layers} |")
+    runner.model = graph_model
+
+
+if __name__ == "__main__":
+    main()

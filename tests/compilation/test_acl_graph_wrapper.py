@@ -1,0 +1,72 @@
+"""ACLGraphWrapper dispatch: eager on mode mismatch, capture once per BatchDescriptor,
+replay afterwards into the same output buffer, capture errors with an actionable hint."""
+from __future__ import annotations
+
+import pytest
+import torch
+from vllm.config import CUDAGraphMode, VllmConfig
+from vllm.forward_context import BatchDescriptor, set_forward_context
+
+from vllm_npu.compilation.acl_graph import ACLGraphWrapper, GraphCaptureError
+
+
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return torch.tanh(self.lin(x))
+
+
+def _run(wrapper, x, mode, desc):
+    with set_forward_context(None, VllmConfig(), cudagraph_runtime_mode=mode,
+                             batch_descriptor=desc):
+        return wrapper(x)
+
+
+@torch.inference_mode()
+def test_capture_once_then_replay():
+    torch.manual_seed(0)
+    model, x = _Model(), torch.randn(8, 4)
+    wrapper = ACLGraphWrapper(model, VllmConfig(), CUDAGraphMode.FULL)
+    desc = BatchDescriptor(num_tokens=8, uniform=True)
+    stats0 = (ACLGraphWrapper.stats.captures, ACLGraphWrapper.stats.replays)
+    first = _run(wrapper, x, CUDAGraphMode.FULL, desc)
+    x.copy_(torch.randn(8, 4))
+    second = _run(wrapper, x, CUDAGraphMode.FULL, desc)
+    assert second is first  # the captured output buffer is reused
+    torch.testing.assert_close(second, model.forward(x))
+    assert model.calls == 2  # capture + the reference call above: the replay ran no Python
+    assert (ACLGraphWrapper.stats.captures - stats0[0],
+            ACLGraphWrapper.stats.replays - stats0[1]) == (1, 1)
+    assert wrapper.has_graph(desc) and not wrapper.has_graph(BatchDescriptor(num_tokens=4))
+
+
+@torch.inference_mode()
+def test_mode_mismatch_runs_eagerly():
+    model, x = _Model(), torch.randn(2, 4)
+    wrapper = ACLGraphWrapper(model, VllmConfig(), CUDAGraphMode.PIECEWISE)
+    out = _run(wrapper, x, CUDAGraphMode.FULL, BatchDescriptor(num_tokens=2))
+    torch.testing.assert_close(out, model.forward(x))
+    assert not wrapper.entries
+    assert wrapper(x).shape == (2, 4)  # no forward context at all: eager too
+
+
+def test_capture_failure_names_the_batch_and_a_hint():
+    def broken(x):
+        raise RuntimeError("device out of memory")
+
+    wrapper = ACLGraphWrapper(broken, VllmConfig(), CUDAGraphMode.FULL)
+    with pytest.raises(GraphCaptureError) as e:
+        _run(wrapper, torch.zeros(1), CUDAGraphMode.FULL, BatchDescriptor(num_tokens=16))
+    msg = str(e.value)
+    assert "FULL batch of 16 tokens" in msg and "device out of memory" in msg
+    assert "--enforce-eager" in msg and "cudagraph_capture_sizes" in msg
+
+
+def test_needs_a_graph_mode():
+    with pytest.raises(ValueError, match="FULL or PIECEWISE"):
+        ACLGraphWrapper(_Model(), VllmConfig(), CUDAGraphMode.NONE)

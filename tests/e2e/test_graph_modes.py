@@ -1,0 +1,120 @@
+"""ACL graph modes end to end: identical greedy tokens in every mode while batch
+composition and sequence lengths change every step, graphs really replayed, and a
+simulator strict enough that skipping the attention parameter update breaks FULL replay."""
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.engine import make_llm, shutdown, vocab
+from tests.e2e.reference import hf_greedy, random_prompt
+from vllm_npu.compilation.acl_graph import ACLGraphWrapper
+from vllm_npu.compilation.graph_params import GRAPH_PARAMS
+
+FULL_MODES = ("FULL_DECODE_ONLY", "FULL", "FULL_AND_PIECEWISE")
+
+
+def _workload(path: str):
+    """Requests of different lengths finishing at different steps: every step's batch
+    (prefill chunks, decodes, their count and lengths) differs from the last."""
+    prompts = [random_prompt(500 + i, 5 + 29 * i, vocab(path)) for i in range(7)]
+    max_tokens = [6 + 5 * i for i in range(7)]
+    return prompts, max_tokens
+
+
+def _generate(llm, prompts, max_tokens):
+    from vllm import SamplingParams
+
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+              for n in max_tokens]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def _run(path, dtype, **kwargs):
+    llm = make_llm(path, dtype, enable_sleep_mode=False, **kwargs)
+    try:
+        stats0 = (ACLGraphWrapper.stats.replays, GRAPH_PARAMS.updates)
+        got = _generate(llm, *_workload(path))
+        replays = ACLGraphWrapper.stats.replays - stats0[0]
+        updates = GRAPH_PARAMS.updates - stats0[1]
+        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        mode = runner.compilation_config.cudagraph_mode
+        return got, replays, updates, runner, mode
+    finally:
+        shutdown(llm)
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_models):
+    path = tiny_models["llama"]
+    prompts, max_tokens = _workload(path)
+    return [hf_greedy(path, p, n) for p, n in zip(prompts, max_tokens)]
+
+
+@pytest.mark.parametrize("mode", ["eager", "PIECEWISE", *FULL_MODES])
+def test_every_graph_mode_gives_hf_tokens(tiny_models, parity_dtype, expected, mode):
+    path = tiny_models["llama"]
+    kwargs = ({"enforce_eager": True} if mode == "eager"
+              else {"compilation_config": {"cudagraph_mode": mode}})
+    got, replays, updates, _, resolved = _run(path, parity_dtype, **kwargs)
+    assert got == expected
+    if mode == "eager":
+        assert replays == 0
+        return
+    assert resolved.name == mode
+    assert replays > 0  # graphs were replayed, not bypassed
+    assert (updates > 0) == (mode in FULL_MODES)  # FULL replays refresh attention tasks
+
+
+def test_skipping_the_update_hook_breaks_full_replay(tiny_models, parity_dtype, expected,
+                                                     monkeypatch):
+    """Proof of strictness: replaying with the capture's seq lens / block tables is wrong."""
+    from vllm_npu.attention.backend import NPUAttentionImpl
+
+    monkeypatch.setattr(NPUAttentionImpl, "update_graph_params", lambda *a, **k: None)
+    got, replays, _, _, _ = _run(tiny_models["llama"], parity_dtype)  # FULL_DECODE_ONLY
+    assert replays > 0
+    assert got != expected
+
+
+def test_backend_without_the_hook_never_gets_full_graphs(tiny_models, parity_dtype,
+                                                         expected, monkeypatch):
+    from vllm.distributed import cleanup_dist_env_and_memory
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    from vllm_npu.attention.backend import NPUAttentionImpl, NPUAttentionMetadataBuilder
+
+    path = tiny_models["llama"]
+    monkeypatch.delattr(NPUAttentionImpl, "update_graph_params")
+    assert NPUAttentionMetadataBuilder.get_cudagraph_support(None, None) \
+        == AttentionCGSupport.NEVER
+    # Asked for explicitly: refused at start-up, naming the backend.
+    with pytest.raises(ValueError, match="FULL is not supported with NPUAttentionBackend"):
+        try:
+            make_llm(path, parity_dtype, enable_sleep_mode=False,
+                     compilation_config={"cudagraph_mode": "FULL"})
+        finally:
+            cleanup_dist_env_and_memory()
+    # By default (FULL_DECODE_ONLY): downgraded to no full graphs, still exact.
+    got, replays, updates, _, mode = _run(path, parity_dtype)
+    assert not mode.has_full_cudagraphs() and updates == 0
+    assert got == expected
+
+
+def test_dispatch_picks_the_smallest_captured_size(tiny_models, parity_dtype):
+    from vllm.config import CUDAGraphMode
+
+    llm = make_llm(tiny_models["llama"], parity_dtype, enable_sleep_mode=False)
+    try:
+        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        sizes = runner.compilation_config.cudagraph_capture_sizes
+        assert sizes == [1, 2, 4, 8, 16, 24, 32]  # vLLM's ladder up to 2 x max_num_seqs
+        # Decode graphs exist up to max_num_seqs=16 requests.
+        for n, want in ((1, 1), (3, 4), (5, 8), (9, 16), (16, 16)):
+            mode, desc = runner.cudagraph_dispatcher.dispatch(n, uniform_decode=True)
+            assert (mode, desc.num_tokens) == (CUDAGraphMode.FULL, want)
+        mode, _ = runner.cudagraph_dispatcher.dispatch(17, uniform_decode=True)
+        assert mode == CUDAGraphMode.NONE  # larger than every decode graph: eager
+        assert all(runner.model.has_graph(d) for d in runner.model.entries)
+    finally:
+        shutdown(llm)

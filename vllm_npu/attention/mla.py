@@ -1,0 +1,284 @@
+"""MLA (DeepSeek-V2/V3 multi-head latent attention) on the NPU op surface.
+
+vLLM's `MLAAttention` layer owns the MLA math around the backend: it writes the latent
+cache through `impl.do_kv_cache_update`, runs prefill tokens through `impl.forward_mha`
+and decode tokens through `impl.forward_mqa` with the weights already absorbed (W_UK
+into the query before, W_UV after). This module only supplies the device leaves.
+
+Latent KV cache of one layer (one "head" per token, as vLLM allocates MLA caches):
+
+    kv_cache [num_blocks, block_size, L + R]           L = kv_lora_rank, R = qk_rope_head_dim
+              row = | kv_c_normed (L) | k_pe (R) |      slot s -> (s // block_size, s % block_size)
+
+  write    `_npu_reshape_and_cache_siso`: [T, 1, L+R] rows into their slots
+  decode   `_npu_paged_attention_mla`: query [B, N, L+R] = [q_nope @ W_UK | q_pe] against the
+           latent rows (keys: all L+R features, values: the first L) -> [B, N, L]
+  prefill  per request, kv rows = [cached context | new tokens] as latents, expanded through
+           kv_b_proj to K = [k_nope | k_pe] and V; one fused-attention call, right-down causal
+           (`NPUMLAPrefillBackend.run_prefill`)
+
+Batches are reordered by vLLM so that decodes (one query token) come first:
+
+    tokens  | d0 d1 ... d_{D-1} | p0 p0 p0 | p1 p1 | ...
+            |<- forward_mqa  ->|<------ forward_mha ------>|
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import ClassVar
+
+import torch
+from vllm.config import VllmConfig
+from vllm.forward_context import get_forward_context, is_forward_context_available
+from vllm.model_executor.layers.attention.mla_attention import (
+    MLACommonBackend,
+    MLACommonDecodeMetadata,
+    MLACommonImpl,
+    MLACommonMetadata,
+    MLACommonMetadataBuilder,
+    MLACommonPrefillMetadata,
+)
+from vllm.v1.attention.backend import (
+    AttentionLayer,
+    AttentionType,
+    CommonAttentionMetadata,
+    MultipleOf,
+)
+from vllm.v1.kv_cache_interface import AttentionSpec
+
+from vllm_npu import ops
+from vllm_npu.attention.mla_prefill import cumulative
+
+MLA_BLOCK_SIZE = 128  # ATB's MLA paged attention: block_size <= 128 for heads > 256 wide
+MAX_LATENT_HEAD = 576  # kv_lora_rank + qk_rope_head_dim, ATB limit
+
+
+class NPUMLABackend(MLACommonBackend):
+    # float32 is accepted for the simulated NPU only; the platform refuses it on a device.
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16,
+                                                     torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "float16", "bfloat16"]
+
+    @staticmethod
+    def get_name() -> str:
+        return "NPU_MLA"
+
+    @classmethod
+    def full_path(cls) -> str:
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        return [MLA_BLOCK_SIZE]
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return list(range(16, MAX_LATENT_HEAD + 1, 16))
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @staticmethod
+    def get_impl_cls() -> type[NPUMLAImpl]:
+        return NPUMLAImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[NPUMLAMetadataBuilder]:
+        return NPUMLAMetadataBuilder
+
+
+def select_mla_backend(selected_backend, cfg) -> str:
+    """The platform's MLA branch: NPUMLABackend's path, or why this model cannot use it."""
+    if selected_backend is not None and selected_backend.name not in ("CUSTOM", "NPU_MLA"):
+        raise ValueError(f"Attention backend {selected_backend.name} is not available on the "
+                         "NPU platform for MLA models; valid: CUSTOM or unset")
+    if cfg.use_sparse:
+        raise NotImplementedError("vllm_npu: sparse MLA (DeepSeek-V3.2 indexer) is not "
+                                  "supported")
+    b = NPUMLABackend
+    reasons = [why for bad, why in (
+        (not b.supports_head_size(cfg.head_size),
+         (f"latent head size {cfg.head_size} (kv_lora_rank + qk_rope_head_dim) not in "
+          f"16..{MAX_LATENT_HEAD} in steps of 16")),
+        (not b.supports_dtype(cfg.dtype), f"dtype {cfg.dtype}"),
+        (not b.supports_kv_cache_dtype(cfg.kv_cache_dtype), f"kv cache {cfg.kv_cache_dtype}"),
+        (not b.supports_block_size(cfg.block_size),
+         f"block size {cfg.block_size} (needs a multiple of {MLA_BLOCK_SIZE})"),
+        (not b.supports_attn_type(cfg.attn_type), f"attention type {cfg.attn_type}"),
+        (cfg.has_sliding_window, "sliding window"),
+        (cfg.has_sink, "attention sinks"),
+        (cfg.use_pcp or cfg.use_dcp, "context parallelism (prefill or decode)"),
+    ) if bad]
+    if reasons:
+        raise ValueError(f"NPU MLA backend cannot run this model: {reasons}")
+    return b.full_path()
+
+
+@dataclass
+class NPUMLAPrefillMetadata(MLACommonPrefillMetadata):
+    query_lens: list[int] = field(default_factory=list)    # host, [num_prefills] new tokens
+    context_lens: list[int] = field(default_factory=list)  # host, [num_prefills] cached before
+
+
+@dataclass
+class NPUMLADecodeMetadata(MLACommonDecodeMetadata):
+    """block_table int32 [num_decodes, max_blocks]; seq_lens host int32 [num_decodes]."""
+
+
+@dataclass
+class NPUMLAMetadata(MLACommonMetadata[NPUMLADecodeMetadata]):
+    def __post_init__(self):
+        # vLLM's check allows only the CUDA kernels' latent widths (320/512/576).
+        if self.head_dim is not None and not NPUMLABackend.supports_head_size(self.head_dim):
+            raise ValueError(f"NPU MLA: latent head size {self.head_dim} is not supported")
+
+
+class NPUMLAMetadataBuilder(MLACommonMetadataBuilder[NPUMLAMetadata]):
+    """vLLM's MLA builder (decode/prefill split, block tables), plus the host-side lengths
+    the NPU ops take as arguments."""
+
+    def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str],
+                 vllm_config: VllmConfig, device: torch.device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device,
+                         metadata_cls=NPUMLAMetadata)
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> NPUMLAMetadata:
+        meta = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        cm = common_attn_metadata
+        seq_lens_cpu = cm.seq_lens_cpu_upper_bound  # exact without async spec decode
+        if seq_lens_cpu is None:
+            seq_lens_cpu = cm.seq_lens.cpu()
+        seq_lens_cpu = seq_lens_cpu[:cm.num_reqs].to(torch.int32)
+        nd = meta.num_decodes
+        if meta.decode is not None:
+            meta.decode = NPUMLADecodeMetadata(
+                block_table=meta.decode.block_table.to(torch.int32),
+                seq_lens=seq_lens_cpu[:nd],
+                dcp_tot_seq_lens=None)
+        if meta.prefill is not None:
+            p = meta.prefill
+            q_lens = p.query_lens_cpu.to(torch.int32)
+            meta.prefill = NPUMLAPrefillMetadata(
+                **{f.name: getattr(p, f.name) for f in fields(MLACommonPrefillMetadata)},
+                query_lens=q_lens.tolist(),
+                context_lens=(seq_lens_cpu[nd:] - q_lens).tolist())
+            meta.prefill.prefill_backend.prepare_metadata(meta.prefill)
+        return meta
+
+
+def _batch_num_tokens() -> int | None:
+    """Tokens of the running batch (padding excluded); None in profile / dummy runs."""
+    if not is_forward_context_available():
+        return None
+    meta = get_forward_context().attn_metadata
+    if isinstance(meta, list):
+        meta = meta[0] if meta else None
+    if isinstance(meta, dict):
+        meta = next(iter(meta.values()), None)
+    return None if meta is None else meta.num_actual_tokens
+
+
+class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
+    can_return_lse_for_decode: bool = False
+    supports_pcp: bool = False
+
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
+                 alibi_slopes: list[float] | None, sliding_window: int | None,
+                 kv_cache_dtype: str, logits_soft_cap: float | None, attn_type: str,
+                 kv_sharing_target_layer_name: str | None, **mla_args) -> None:
+        unsupported = {"alibi_slopes": alibi_slopes, "sliding_window": sliding_window,
+                       "logits_soft_cap": logits_soft_cap,
+                       "indexer (sparse MLA)": mla_args.get("indexer")}
+        used = [k for k, v in unsupported.items() if v is not None]
+        if used:
+            raise NotImplementedError(f"NPU MLA backend does not support {used}")
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(f"NPU MLA backend supports decoder attention only, "
+                                      f"got attn_type={attn_type!r}")
+        if kv_cache_dtype not in NPUMLABackend.supported_kv_cache_dtypes:
+            raise NotImplementedError(f"NPU MLA backend: kv_cache_dtype={kv_cache_dtype!r}; "
+                                      f"supported: {NPUMLABackend.supported_kv_cache_dtypes}")
+        super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes,
+                         sliding_window, kv_cache_dtype, logits_soft_cap, attn_type,
+                         kv_sharing_target_layer_name, **mla_args)
+        if self.dcp_world_size > 1:
+            raise NotImplementedError("NPU MLA backend: decode context parallelism")
+        self.supports_quant_query_input = False
+        self._use_flashinfer_concat_mla_k = False
+        self.latent_dim = self.kv_lora_rank + self.qk_rope_head_dim
+
+    # ---- cache write -------------------------------------------------------------
+    def do_kv_cache_update(self, kv_c_normed: torch.Tensor, k_pe: torch.Tensor,
+                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                           kv_cache_dtype: str, k_scale: torch.Tensor,
+                           skip_scale: bool = False) -> None:
+        """kv_c_normed [T, L], k_pe [T, 1, R] -> latent rows of kv_cache [nb, bs, L+R]."""
+        if kv_cache.numel() == 0:
+            return
+        n = _batch_num_tokens()
+        if n is None:
+            return
+        rows = torch.cat((kv_c_normed[:n], k_pe[:n].reshape(n, -1)), dim=-1)
+        ops._npu_reshape_and_cache_siso(rows.to(kv_cache.dtype).unsqueeze(1),
+                                        kv_cache.unsqueeze(2),
+                                        slot_mapping[:n].to(torch.int32))
+
+    # ---- prefill: expand latents, dense causal attention ---------------------------
+    def _gather_latents(self, kv_cache: torch.Tensor, block_row: torch.Tensor,
+                        n: int) -> torch.Tensor:
+        """The first n latent rows of one request: [n, L+R]."""
+        bs = kv_cache.shape[1]
+        blocks = block_row[:-(-n // bs)].long()
+        return kv_cache[blocks].flatten(0, 1)[:n]
+
+    def _prefill_latents(self, new_rows: torch.Tensor, kv_cache: torch.Tensor,
+                         p: NPUMLAPrefillMetadata) -> torch.Tensor:
+        """[cached context | new tokens] per request, concatenated: [sum kv, L+R]."""
+        if not any(p.context_lens):
+            return new_rows
+        pieces, start = [], 0
+        for r, (ctx, q_len) in enumerate(zip(p.context_lens, p.query_lens)):
+            if ctx:
+                rows = self._gather_latents(kv_cache, p.block_table[r], ctx)
+                pieces.append(rows.to(new_rows.dtype))
+            pieces.append(new_rows[start:start + q_len])
+            start += q_len
+        return torch.cat(pieces)
+
+    def forward_mha(self, q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor,
+                    kv_c_and_k_pe_cache: torch.Tensor, attn_metadata: NPUMLAMetadata,
+                    k_scale: torch.Tensor, output: torch.Tensor,
+                    output_scale: torch.Tensor | None = None) -> None:
+        """q [Tp, N, P+R], kv_c_normed [Tp, L], k_pe [Tp, 1, R] -> output [Tp, N*V]."""
+        if output_scale is not None:
+            raise NotImplementedError("NPU MLA backend: fused output quantization")
+        p = attn_metadata.prefill
+        t = q.shape[0]
+        new_rows = torch.cat((kv_c_normed, k_pe.reshape(t, -1)), dim=-1)
+        latents = self._prefill_latents(new_rows, kv_c_and_k_pe_cache, p)
+        kv_c, k_rope = latents.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        kv = self.kv_b_proj(kv_c.contiguous())[0].view(
+            -1, self.num_heads, self.qk_nope_head_dim + self.v_head_dim)
+        k_nope, v = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+        k = self._concat_k_nope_k_pe(k_nope, k_rope.unsqueeze(1))
+        kv_lens = [c + n for c, n in zip(p.context_lens, p.query_lens)]
+        out = p.prefill_backend.run_prefill(q, k, v, cumulative(p.query_lens),
+                                            cumulative(kv_lens))
+        output.view(t, self.num_heads, self.v_head_dim).copy_(out)
+
+    # ---- decode: absorbed query against the latent cache ---------------------------
+    def forward_mqa(self, q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+                    kv_c_and_k_pe_cache: torch.Tensor, attn_metadata: NPUMLAMetadata,
+                    layer: AttentionLayer) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q = (ql_nope [B, N, L], q_pe [B, N, R]) -> latent output [B, N, L]."""
+        d = attn_metadata.decode
+        query = torch.cat(q, dim=-1) if isinstance(q, tuple) else q.contiguous()
+        act_dtype = query.dtype
+        query = query.to(kv_c_and_k_pe_cache.dtype)  # the op takes one dtype throughout
+        out = query.new_empty(query.shape[0], self.num_heads, self.kv_lora_rank)
+        ops._npu_paged_attention_mla(query, kv_c_and_k_pe_cache.unsqueeze(2), 1,
+                                     self.num_heads, self.scale, d.block_table, d.seq_lens,
+                                     self.kv_lora_rank, out)
+        return out.to(act_dtype), None

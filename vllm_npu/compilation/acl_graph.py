@@ -1,0 +1,112 @@
+"""ACLGraphWrapper: capture once per BatchDescriptor, replay afterwards.
+
+vLLM hands the wrapper a runtime mode (FULL or PIECEWISE) at construction and, per
+forward, a runtime mode and BatchDescriptor through the forward context:
+
+    runtime mode != wrapper's mode      -> run eagerly (profile, warm-up, other wrapper)
+    first call for a BatchDescriptor    -> capture the graph, return the capture's output
+    later calls                         -> wait for the task updates, replay, return the
+                                           captured output buffer (reused every replay)
+
+Persistent input buffers are the runner's job (as for vLLM's CUDAGraphWrapper); attention
+tasks are refreshed by the runner through `graph_params.update_attention_tasks` before a
+FULL replay.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable, ClassVar
+
+from vllm.config import CUDAGraphMode, VllmConfig
+from vllm.forward_context import BatchDescriptor, get_forward_context, is_forward_context_available
+
+from vllm_npu.compilation.graph_backend import get_graph_backend
+
+logger = logging.getLogger("vllm.npu")
+
+
+@dataclasses.dataclass
+class GraphStats:
+    """Process-wide counters (tests read them; they are not log lines)."""
+    captures: int = 0
+    replays: int = 0
+    eager_calls: int = 0
+
+
+@dataclasses.dataclass
+class _Entry:
+    graph: Any
+    output: Any
+
+
+class GraphCaptureError(RuntimeError):
+    pass
+
+
+class ACLGraphWrapper:
+    stats: ClassVar[GraphStats] = GraphStats()
+    _pool: ClassVar[Any] = None  # one graph memory pool shared by every wrapper
+
+    def __init__(self, runnable: Callable[..., Any], vllm_config: VllmConfig,
+                 runtime_mode: CUDAGraphMode, cudagraph_options: Any = None) -> None:
+        if runtime_mode == CUDAGraphMode.NONE:
+            raise ValueError("ACLGraphWrapper needs runtime_mode FULL or PIECEWISE")
+        self.runnable = runnable
+        self.vllm_config = vllm_config
+        self.runtime_mode = runtime_mode
+        self.backend = get_graph_backend()
+        if ACLGraphWrapper._pool is None:
+            ACLGraphWrapper._pool = self.backend.graph_pool_handle()
+        self.entries: dict[BatchDescriptor, _Entry] = {}
+        self.replay_event = None  # set by the runner after task updates (FULL mode)
+
+    def __getattr__(self, key: str) -> Any:
+        runnable = self.__dict__.get("runnable")
+        if runnable is not None and hasattr(runnable, key):
+            return getattr(runnable, key)
+        raise AttributeError(key)
+
+    def unwrap(self) -> Callable[..., Any]:
+        return self.runnable.unwrap() if hasattr(self.runnable, "unwrap") else self.runnable
+
+    def has_graph(self, desc: BatchDescriptor | None) -> bool:
+        return desc is not None and desc in self.entries
+
+    def clear_graphs(self) -> None:
+        self.entries.clear()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not is_forward_context_available():
+            return self.runnable(*args, **kwargs)
+        ctx = get_forward_context()
+        desc, mode = ctx.batch_descriptor, ctx.cudagraph_runtime_mode
+        if mode != self.runtime_mode or desc is None:
+            ACLGraphWrapper.stats.eager_calls += 1
+            return self.runnable(*args, **kwargs)
+        entry = self.entries.get(desc)
+        if entry is None:
+            return self._capture(desc, args, kwargs)
+        if self.replay_event is not None:
+            self.replay_event.wait(self.backend.current_stream())
+            self.replay_event = None
+        entry.graph.replay()
+        ACLGraphWrapper.stats.replays += 1
+        return entry.output
+
+    def _capture(self, desc: BatchDescriptor, args: tuple, kwargs: dict) -> Any:
+        graph = self.backend.new_graph()
+        try:
+            with self.backend.capture(graph, ACLGraphWrapper._pool):
+                output = self.runnable(*args, **kwargs)
+        except Exception as e:
+            raise GraphCaptureError(
+                f"ACL graph capture failed for {self.runtime_mode.name} batch of "
+                f"{desc.num_tokens} tokens (uniform decode={desc.uniform}): {e}. Hint: run "
+                "with --enforce-eager to confirm the model runs without graphs, or lower "
+                "the capture sizes with --compilation-config "
+                "'{\"cudagraph_capture_sizes\": [...]}' / --max-num-seqs") from e
+        self.entries[desc] = _Entry(graph, output)
+        ACLGraphWrapper.stats.captures += 1
+        logger.debug("vllm_npu: captured %s graph for %s", self.runtime_mode.name, desc)
+        return output

@@ -1,0 +1,73 @@
+"""The parameter-update protocol of FULL graphs: what each attention layer captured, and
+the refresh the runner runs before every replay.
+
+A captured attention layer owns two tasks (KV-cache write, attention) whose host-side
+arguments — slot mapping, block table, sequence lengths — describe the capture's dummy
+batch. Before a replay, `update_attention_tasks` re-issues both ops for the new batch on
+an update stream through `task_update_begin/end`, then records an event that the replay
+waits on. A backend without `update_graph_params` cannot do this, and its builder declares
+no FULL-graph support, so vLLM never gives it FULL mode.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import torch
+from vllm.forward_context import BatchDescriptor, ForwardContext
+
+from vllm_npu.compilation.graph_backend import get_graph_backend
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AttentionTasks:
+    """One attention layer's tasks in one captured graph, with the buffers they read."""
+    cache_write: Any            # task handle: _npu_reshape_and_cache
+    attention: Any              # task handle: the attention op
+    kind: Literal["paged_decode", "fused"]
+    query: torch.Tensor         # [T, H, D]    captured input
+    key: torch.Tensor           # [T, Hkv, D]  new tokens' K, captured input
+    value: torch.Tensor         # [T, Hkv, D]
+    kv_cache: torch.Tensor      # [num_blocks, 2, block_size, Hkv*D]
+    output: torch.Tensor        # [T, H, D]    where the graph reads the result
+
+
+class GraphParams:
+    """Captured attention tasks by BatchDescriptor, then layer name (one per process)."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[BatchDescriptor, dict[str, AttentionTasks]] = {}
+        self.updates = 0  # task refreshes issued (a counter for tests and benchmarks)
+
+    def register(self, desc: BatchDescriptor, layer_name: str, tasks: AttentionTasks) -> None:
+        self._tasks.setdefault(desc, {})[layer_name] = tasks
+
+    def get(self, desc: BatchDescriptor) -> dict[str, AttentionTasks]:
+        return self._tasks.get(desc, {})
+
+    def clear(self) -> None:
+        self._tasks.clear()
+
+
+GRAPH_PARAMS = GraphParams()
+_update_stream: Any = None
+
+
+def update_attention_tasks(ctx: ForwardContext, layers: dict[str, Any]) -> Any:
+    """Refresh every captured attention task of ctx.batch_descriptor's graph for the batch
+    in ctx.attn_metadata; returns the event the replay must wait on (None: no tasks)."""
+    global _update_stream
+    tasks = GRAPH_PARAMS.get(ctx.batch_descriptor)
+    if not tasks:
+        return None
+    backend = get_graph_backend()
+    if _update_stream is None:
+        _update_stream = backend.new_stream()
+    metadata = ctx.attn_metadata
+    for layer_name, layer_tasks in tasks.items():
+        meta = metadata[layer_name] if isinstance(metadata, dict) else metadata
+        layers[layer_name].impl.update_graph_params(backend, _update_stream, layer_tasks, meta)
+        GRAPH_PARAMS.updates += 1
+    event = backend.new_event()
+    event.record(_update_stream)
+    return event

@@ -1,0 +1,211 @@
+"""The simulated NPU's graph runtime: capture, replay and task update, as strict as ACL graphs.
+
+On Ascend, a captured graph bakes each kernel's host-side arguments (sequence-length
+lists, block tables) into its tasks; replaying with new batch contents is only right if
+those tasks were refreshed through `graph_task_update_begin/end`. This module reproduces
+that: capture records the forward as a list of entries, replay re-runs them on the
+captured buffers, and only a task updated through the update API sees new arguments.
+
+    capture:  aten ops (via a dispatch mode)  -> AtenEntry(func, args, outputs)
+              op-surface calls (@graph_op)    -> OpEntry(fn, args, outputs)
+              calls inside task_group_begin/end -> the entry belongs to a TaskHandle
+    replay:   run every entry in order; results are copied into the captured outputs
+    update:   between task_update_begin(handle) and task_update_end, op-surface calls
+              do not run: they replace the handle's calls (same ops, new arguments)
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_leaves
+
+from vllm_npu.ops.sim.checks import NPUOpError
+
+
+def _copy_into(captured: Any, fresh: Any) -> None:
+    for old, new in zip(tree_leaves(captured), tree_leaves(fresh)):
+        if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and old is not new:
+            if old.data_ptr() != new.data_ptr() or old.stride() != new.stride():
+                old.copy_(new)
+
+
+@dataclass
+class _Entry:
+    fn: Callable[..., Any]
+    args: tuple
+    kwargs: dict
+    outputs: Any = None
+
+    def run(self) -> None:
+        _copy_into(self.outputs, self.fn(*self.args, **self.kwargs))
+
+
+@dataclass(eq=False)
+class TaskHandle:
+    """A group of op-surface calls in a captured graph whose arguments can be updated."""
+    graph: "SimGraph"
+    entries: list[_Entry] = field(default_factory=list)
+    updates: int = 0
+
+
+class _State(threading.local):
+    capturing: "SimGraph | None" = None
+    open_task: TaskHandle | None = None
+    updating: TaskHandle | None = None
+    pending: list | None = None
+
+
+_state = _State()
+# vLLM's attention custom ops are opaque containers: their effects are recorded as the
+# op-surface calls (tasks) they make, never as one frozen call.
+_OPAQUE_NAMESPACE = "vllm"
+_OPAQUE_PREFIX = "unified_"
+
+
+def _is_opaque(func) -> bool:
+    name = getattr(func, "name", lambda: "")()
+    ns, _, op = name.partition("::")
+    return ns == _OPAQUE_NAMESPACE and op.startswith(_OPAQUE_PREFIX)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, graph: "SimGraph") -> None:
+        super().__init__()
+        self.graph = graph
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not _is_opaque(func):
+            self.graph.entries.append(_Entry(func, args, kwargs, out))
+        return out
+
+
+class SimGraph:
+    """A captured forward: `capture_begin` / `capture_end`, then `replay()`."""
+
+    def __init__(self) -> None:
+        self.entries: list[_Entry] = []
+        self.tasks: list[TaskHandle] = []
+        self.replays = 0
+        self._recorder: _Recorder | None = None
+
+    def capture_begin(self, pool: Any = None) -> None:
+        if _state.capturing is not None:
+            raise RuntimeError("a simulated graph is already capturing")
+        self.entries, self.tasks = [], []
+        self._recorder = _Recorder(self)
+        self._recorder.__enter__()
+        _state.capturing = self
+
+    def capture_end(self) -> None:
+        if _state.open_task is not None:
+            raise RuntimeError("capture ended inside graph_task_group_begin/end")
+        _state.capturing = None
+        self._recorder.__exit__(None, None, None)
+        self._recorder = None
+
+    def replay(self) -> None:
+        if _state.capturing is not None:
+            raise RuntimeError("cannot replay while a graph is capturing")
+        with torch.inference_mode():
+            for entry in self.entries:
+                entry.run()
+        self.replays += 1
+
+    def reset(self) -> None:
+        self.entries, self.tasks = [], []
+
+
+def graph_op(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Make a simulated op graph-aware: recorded as one entry under capture (a task's
+    entry inside a task group), and captured into a task update inside one."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if _state.pending is not None:  # inside graph_task_update_begin/end
+            _state.pending.append((fn, args, kwargs))
+            return None
+        graph = _state.capturing
+        if graph is None:
+            return fn(*args, **kwargs)
+        with _disable_current_modes():  # the op is one task: its internals are not recorded
+            out = fn(*args, **kwargs)
+        entry = _Entry(fn, args, kwargs, out)
+        graph.entries.append(entry)
+        if _state.open_task is not None:
+            _state.open_task.entries.append(entry)
+        return out
+
+    return wrapper
+
+
+def is_capturing() -> bool:
+    return _state.capturing is not None
+
+
+def graph_task_group_begin(stream: Any = None) -> None:
+    if _state.capturing is None:
+        raise RuntimeError("graph_task_group_begin outside graph capture")
+    if _state.open_task is not None:
+        raise RuntimeError("graph task groups do not nest")
+    _state.open_task = TaskHandle(_state.capturing)
+
+
+def graph_task_group_end(stream: Any = None) -> TaskHandle:
+    handle = _state.open_task
+    if handle is None:
+        raise RuntimeError("graph_task_group_end without graph_task_group_begin")
+    _state.open_task = None
+    handle.graph.tasks.append(handle)
+    return handle
+
+
+def graph_task_update_begin(stream: Any, handle: TaskHandle) -> None:
+    if _state.pending is not None:
+        raise RuntimeError("graph task updates do not nest")
+    _state.updating, _state.pending = handle, []
+
+
+def graph_task_update_end(stream: Any = None) -> None:
+    handle, calls = _state.updating, _state.pending
+    _state.updating = _state.pending = None
+    if handle is None:
+        raise RuntimeError("graph_task_update_end without graph_task_update_begin")
+    if [fn for fn, _, _ in calls] != [e.fn for e in handle.entries]:
+        raise NPUOpError("graph task update must re-issue the captured ops in order: "
+                         f"captured {[e.fn.__name__ for e in handle.entries]}, got "
+                         f"{[fn.__name__ for fn, _, _ in calls]}")
+    for entry, (_, args, kwargs) in zip(handle.entries, calls):
+        entry.args, entry.kwargs = args, kwargs
+    handle.updates += 1
+
+
+class SimStream:
+    """Streams of the simulated NPU: work completes when issued, so they only name order."""
+
+    def wait_event(self, event: "ExternalEvent") -> None:
+        event.wait(self)
+
+
+class ExternalEvent:
+    """Orders the graph replay after the task updates (record on the update stream,
+    wait on the replay stream). Waiting on an event never recorded is a bug."""
+
+    def __init__(self) -> None:
+        self.recorded = False
+
+    def record(self, stream: Any = None) -> None:
+        self.recorded = True
+
+    def wait(self, stream: Any = None) -> None:
+        if not self.recorded:
+            raise RuntimeError("waiting on an ExternalEvent that was never recorded")
+
+    def reset(self, stream: Any = None) -> None:
+        self.recorded = False
