@@ -95,3 +95,9 @@ def test_all_reduce_64mib(cluster2):
     """One large case: 64 MiB of fp32 summed, through a 1 MiB staging buffer."""
     for res in cluster2.run("all_reduce_large", mib=64, timeout=120):
         assert res["exact_gloo"], res
+
+
+def test_device_communicator_matches_gloo(cluster):
+    """NPUCommunicator (the platform's device communicator) on the HCCL binding."""
+    for res in cluster.run("device_communicator", timeout=120):
+        assert res and all(res.values()), res

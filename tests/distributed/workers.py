@@ -326,7 +326,63 @@ def t_all_reduce_on(ctx, key: str, participate: bool) -> dict:
     return {"type": None, "seconds": time.perf_counter() - t0}
 
 
+def t_device_communicator(ctx) -> dict:
+    """The platform's NPUCommunicator (over HCCL) against gloo on the same data."""
+    import torch
+    import torch.distributed as dist
+
+    from vllm_npu.distributed.communicator import NPUCommunicator
+
+    rank, world = ctx["rank"], ctx["world"]
+    comm = NPUCommunicator(dist.group.WORLD, torch.device("cpu"))
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(4, 6 * world, generator=g)
+    checks = {}
+    want = x.clone()
+    dist.all_reduce(want)
+    # float sums over 4+ ranks may round differently from gloo's order: tolerance, not bits
+    checks["all_reduce"] = torch.allclose(comm.all_reduce(x.clone()), want, rtol=1e-6,
+                                          atol=1e-6)
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x)
+    checks["all_gather_dim1"] = torch.equal(comm.all_gather(x, dim=1), torch.cat(parts, 1))
+    checks["reduce_scatter_dim1"] = torch.allclose(comm.reduce_scatter(x, dim=1),
+                                                   want.chunk(world, 1)[rank], rtol=1e-6,
+                                                   atol=1e-6)
+    sizes = [r + 1 for r in range(world)]  # uneven: rank r holds r+1 rows
+    mine = torch.full((rank + 1, 3), float(rank))
+    checks["all_gatherv"] = torch.equal(
+        comm.all_gatherv(mine, dim=0, sizes=sizes),
+        torch.cat([torch.full((r + 1, 3), float(r)) for r in range(world)]))
+    y = torch.arange(sum(sizes) * 2, dtype=torch.float32).view(-1, 2) * (rank + 1)
+    total = y / (rank + 1) * sum(range(1, world + 1))
+    start = sum(sizes[:rank])
+    checks["reduce_scatterv"] = torch.equal(comm.reduce_scatterv(y, dim=0, sizes=sizes),
+                                            total[start:start + sizes[rank]])
+    gathered = comm.gather(x, dst=0, dim=0)
+    checks["gather"] = (gathered is None) if rank else torch.equal(gathered, torch.cat(parts))
+    b = x.clone() if rank == 1 else torch.zeros_like(x)
+    src_data = torch.randn(4, 6 * world, generator=torch.Generator().manual_seed(1))
+    checks["broadcast"] = torch.equal(comm.broadcast(b, src=1), src_data)
+    # A ring in both directions at once: every rank sends to both neighbours.
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    from_prv, from_nxt = torch.empty(5), torch.empty(5)
+    ops = [dist.P2POp(dist.isend, torch.full((5,), float(rank)), nxt),
+           dist.P2POp(dist.irecv, from_prv, prv),
+           dist.P2POp(dist.isend, torch.full((5,), float(rank)), prv),
+           dist.P2POp(dist.irecv, from_nxt, nxt)]
+    if world == 2:  # the two neighbours are one peer: one exchange each way
+        ops = ops[:2]
+        from_nxt = from_prv
+    comm.batch_isend_irecv(ops)
+    checks["batch_isend_irecv"] = (torch.equal(from_prv, torch.full((5,), float(prv)))
+                                   and torch.equal(from_nxt, torch.full((5,), float(nxt))))
+    comm.destroy()
+    return checks
+
+
 TASKS = {
+    "device_communicator": t_device_communicator,
     "info": t_info,
     "all_reduce": t_all_reduce,
     "all_reduce_large": t_all_reduce_large,

@@ -45,6 +45,9 @@ def _reduce_scatter(comm, x: torch.Tensor, world: int) -> torch.Tensor:
     return out
 
 
+_SEND_OPS = (torch.distributed.isend, torch.distributed.send)
+
+
 class NPUCommunicator(DeviceCommunicatorBase):
     def __init__(self, cpu_group: ProcessGroup, device: torch.device | None = None,
                  device_group: ProcessGroup | None = None, unique_name: str = "",
@@ -119,6 +122,28 @@ class NPUCommunicator(DeviceCommunicatorBase):
         tensor = torch.empty(size, dtype=dtype, device=self.device)
         self.hccl.recv(tensor, src)
         return tensor
+
+    def batch_isend_irecv(self, p2p_ops: list) -> list:
+        """`torch.distributed.P2POp`s (peers are global ranks), completed before returning.
+
+        HCCL send blocks until the peer receives, so the ops are grouped by peer in
+        ascending group rank, and within each pair the lower rank sends first — both sides
+        agree on every pair's order, so no two ranks wait on each other."""
+        mine = self.rank_in_group
+        by_peer: dict[int, list] = {}
+        for op in p2p_ops:
+            by_peer.setdefault(self.ranks.index(op.peer), []).append(op)
+        for peer in sorted(by_peer):
+            ops = by_peer[peer]
+            sends = [op for op in ops if op.op in _SEND_OPS]
+            recvs = [op for op in ops if op not in sends]
+            for group in ((sends, recvs) if mine < peer else (recvs, sends)):
+                for op in group:
+                    if op in sends:
+                        self.hccl.send(op.tensor.contiguous(), peer)
+                    else:
+                        self.hccl.recv(op.tensor, peer)
+        return []
 
     def all_to_all(self, output: torch.Tensor, input_: torch.Tensor) -> torch.Tensor:
         self.hccl.all_to_all(output, input_.contiguous())

@@ -208,5 +208,8 @@ def packed_layer(load: np.ndarray, cnt: np.ndarray, num_ranks: int, slots_per_ra
     weight = load / cnt
     slots = lpt_pack(weight, cnt, num_ranks, slots_per_rank)
     if max_swaps > 0:
-        swap_descent(slots, weight, max_swaps, 0.0, 0)
+        # pair_cap 0 (no cap) as a runtime int64: a literal 0 would make numba compile a
+        # second specialisation of swap_descent (~1 s of cold JIT).
+        no_pair_cap = max_swaps - max_swaps
+        swap_descent(slots, weight, max_swaps, 0.0, no_pair_cap)
     return slots
