@@ -32,3 +32,16 @@ def parity_dtype(simulated) -> str:
     if not simulated:
         pytest.skip("float32 parity runs on the simulated NPU; devices take fp16/bf16 only")
     return "float32"
+
+
+@pytest.fixture
+def single_torch_thread():
+    """Tiny-shape CPU tests run torch single-threaded: intra-op threads buy nothing there,
+    and on a busy 2-core machine contending OpenMP workers make each op ~10x slower.
+    The previous thread count is restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,18 +1,9 @@
-"""Small-shape CPU tests: run torch single-threaded.
-
-The shapes here are tiny, so intra-op threads buy nothing, and on a busy 2-core machine
-OpenMP workers contending with another process make each op 10x slower. The previous
-thread count is restored after every test.
-"""
+"""Small-shape attention backend tests run single-threaded (the `single_torch_thread` fixture)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def _single_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _single_thread(single_torch_thread):
     yield
-    torch.set_num_threads(before)

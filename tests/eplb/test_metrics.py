@@ -7,8 +7,13 @@ import itertools
 import numpy as np
 import pytest
 
-from vllm_npu.eplb.metrics import (imbalance, lower_bound, moved_slots, rank_loads,
-                                   replica_counts)
+from vllm_npu.eplb.metrics import (
+    imbalance,
+    lower_bound,
+    moved_slots,
+    rank_loads,
+    replica_counts,
+)
 from vllm_npu.eplb.packing import water_fill
 
 

@@ -94,8 +94,6 @@ def _warm_up(names: list[str]) -> dict[str, float]:
 def run_point(names: list[str], ranks: int, redundant: int, tokens: int, preset: str,
               args: argparse.Namespace) -> list[Result]:
     """All policies on one grid point."""
-    import numpy as np
-
     from vllm_npu.eplb.metrics import imbalance, moved_slots
     from vllm_npu.eplb.policy import get_policy
     from vllm_npu.eplb.validate import check_placement

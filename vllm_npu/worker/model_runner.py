@@ -6,8 +6,9 @@ attention backend; only its CUDA-specific leaves change here:
     `register_triton_kernel_overrides` (worker/slot_mapping.py), not here;
   - block zeroing: vectorised index_fill instead of a Triton kernel;
   - device -> host token copy: a plain `tolist()` on the simulated NPU (no events on CPU);
-  - FULL graphs: vLLM wraps the model in its CUDAGraphWrapper; the runner uses the ACL one
-    and, before each FULL replay, refreshes the captured attention tasks.
+  - graphs: capture without vLLM's CUDA-only stream/communicator context; vLLM's
+    CUDAGraphWrapper around the model becomes ACLGraphWrapper, and before each FULL
+    replay the captured attention tasks are refreshed for the new batch.
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import time
 from typing import Any
 
 import torch
-from vllm.compilation.monitor import set_cudagraph_capturing_enabled
 from vllm.compilation.cuda_graph import CUDAGraphWrapper
+from vllm.compilation.monitor import set_cudagraph_capturing_enabled
 from vllm.config import CUDAGraphMode
 from vllm.forward_context import get_forward_context
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner

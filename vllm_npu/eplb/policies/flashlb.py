@@ -23,8 +23,13 @@ from __future__ import annotations
 import numpy as np
 
 from vllm_npu.eplb.align import align_layer
-from vllm_npu.eplb.layers import (MAX_SWAPS, as_tables, layer_lower_bound, layer_peak,
-                                  risk_load)
+from vllm_npu.eplb.layers import (
+    MAX_SWAPS,
+    as_tables,
+    layer_lower_bound,
+    layer_peak,
+    risk_load,
+)
 from vllm_npu.eplb.packing import packed_layer, water_fill
 from vllm_npu.eplb.policy import Policy
 from vllm_npu.eplb.validate import Problem
