@@ -185,8 +185,11 @@ class NPUPlatform(Platform):
                 + (" (NPU_SIM_DEVICE_COUNT)" if SIMULATED else "")
                 + "; use --distributed-executor-backend ray for multi-node serving")
 
-        # Async scheduling needs device streams/events the runner would borrow from CUDA.
-        vllm_config.scheduler_config.async_scheduling = False
+        # Async scheduling needs device streams/events the V1 runner borrows from CUDA.
+        # (vLLM turns it on by default before the platform defaults run, so switch here.)
+        if vllm_config.scheduler_config.async_scheduling:
+            logger.info("vllm_npu: async scheduling is not supported yet; disabled")
+            vllm_config.scheduler_config.async_scheduling = False
 
         cache = vllm_config.cache_config
         if cache.user_specified_block_size and cache.block_size not in PAGED_BLOCK_SIZES:
@@ -233,9 +236,6 @@ class NPUPlatform(Platform):
             traced = SIMULATED and compilation.mode == CompilationMode.VLLM_COMPILE
             use_npu_ops = npu_config.enable_custom_ops and not traced
             custom_ops.append("all" if use_npu_ops else "none")
-        if vllm_config.scheduler_config.async_scheduling is None:
-            # Async scheduling needs device streams/events the V1 runner borrows from CUDA.
-            vllm_config.scheduler_config.async_scheduling = False
 
     @classmethod
     def update_block_size_for_backend(cls, vllm_config: "VllmConfig") -> None:

@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-# Let `pytest tests/eplb` work from a plain checkout (package not installed).
-_ROOT = Path(__file__).resolve().parents[2]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
-
-from vllm_npu.eplb.policy import available_policies  # noqa: E402
-from vllm_npu.eplb.validate import check_placement  # noqa: E402
+from vllm_npu.eplb.policy import available_policies
+from vllm_npu.eplb.validate import check_placement
 
 
 def assert_valid(phy2log: np.ndarray, num_layers: int, num_experts: int,

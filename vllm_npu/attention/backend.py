@@ -270,7 +270,9 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         backend.task_group_begin(stream)
         self._attend(kind, query[:n], kv_cache, attn_metadata, output[:n])
         attention = backend.task_group_end(stream)
-        cache_write, key_n, value_n = self._captured_cache_task
+        # A layer sharing another layer's KV cache writes nothing: no cache task.
+        cache_write, key_n, value_n = self._captured_cache_task or (None, None, None)
+        self._captured_cache_task = None
         GRAPH_PARAMS.register(desc, layer.layer_name, AttentionTasks(
             cache_write=cache_write, attention=attention, kind=kind, query=query[:n],
             key=key_n, value=value_n, kv_cache=kv_cache, output=output[:n]))
@@ -279,9 +281,10 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
     def update_graph_params(self, backend, stream, tasks: AttentionTasks,
                             meta: NPUAttentionMetadata) -> None:
         """Re-issue this layer's captured tasks for a new batch (before a FULL replay)."""
-        backend.task_update_begin(stream, tasks.cache_write)
-        self._write_cache(tasks.key, tasks.value, tasks.kv_cache, meta)
-        backend.task_update_end(stream)
+        if tasks.cache_write is not None:
+            backend.task_update_begin(stream, tasks.cache_write)
+            self._write_cache(tasks.key, tasks.value, tasks.kv_cache, meta)
+            backend.task_update_end(stream)
         backend.task_update_begin(stream, tasks.attention)
         self._attend(tasks.kind, tasks.query, tasks.kv_cache, meta, tasks.output)
         backend.task_update_end(stream)

@@ -22,12 +22,12 @@ from vllm_npu.compilation.graph_backend import get_graph_backend
 @dataclasses.dataclass(frozen=True, slots=True)
 class AttentionTasks:
     """One attention layer's tasks in one captured graph, with the buffers they read."""
-    cache_write: Any            # task handle: _npu_reshape_and_cache
+    cache_write: Any            # task handle: _npu_reshape_and_cache (None: shared KV layer)
     attention: Any              # task handle: the attention op
     kind: Literal["paged_decode", "fused"]
     query: torch.Tensor         # [T, H, D]    captured input
-    key: torch.Tensor           # [T, Hkv, D]  new tokens' K, captured input
-    value: torch.Tensor         # [T, Hkv, D]
+    key: torch.Tensor | None    # [T, Hkv, D]  new tokens' K, captured input
+    value: torch.Tensor | None  # [T, Hkv, D]
     kv_cache: torch.Tensor      # [num_blocks, 2, block_size, Hkv*D]
     output: torch.Tensor        # [T, H, D]    where the graph reads the result
 
