@@ -185,6 +185,15 @@ class NPUPlatform(Platform):
                 + (" (NPU_SIM_DEVICE_COUNT)" if SIMULATED else "")
                 + "; use --distributed-executor-backend ray for multi-node serving")
 
+        if parallel.prefill_context_parallel_size > 1:
+            # vLLM 0.33 splits prefill tokens over PCP ranks only in its V2 model runner,
+            # which needs Triton kernels; the NPU runner extends the V1 runner.
+            raise ValueError(
+                f"--prefill-context-parallel-size {parallel.prefill_context_parallel_size} "
+                "is not supported on the NPU platform (vLLM 0.33's V1 model runner has no "
+                "prefill context parallelism); valid: 1. Use "
+                "--decode-context-parallel-size to shard long contexts' KV cache.")
+
         # Async scheduling needs device streams/events the V1 runner borrows from CUDA.
         # (vLLM turns it on by default before the platform defaults run, so switch here.)
         if vllm_config.scheduler_config.async_scheduling:
@@ -196,6 +205,16 @@ class NPUPlatform(Platform):
             raise ValueError(
                 f"--block-size {cache.block_size} is not supported on the NPU: the paged "
                 f"attention kernels take {list(PAGED_BLOCK_SIZES)}")
+
+        # The backends pick 128 when the user sets no block size.
+        block = cache.block_size if cache.user_specified_block_size else PAGED_BLOCK_SIZES[0]
+        interleave = parallel.cp_kv_cache_interleave_size
+        if parallel.decode_context_parallel_size > 1 and block % interleave:
+            raise ValueError(
+                f"--cp-kv-cache-interleave-size {interleave} does not divide the KV cache "
+                f"block size {block}; with --decode-context-parallel-size "
+                f"{parallel.decode_context_parallel_size} it must be one of "
+                f"{[i for i in range(1, block + 1) if block % i == 0]}")
 
         model = vllm_config.model_config
         if model is not None and not SIMULATED:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from vllm_npu.ops.sim import (
     _npu_paged_attention,
     _npu_reshape_and_cache,
+    npu_attention_update,
     npu_fused_infer_attention_score,
 )
 from vllm_npu.ops.sim.checks import NPUOpError
@@ -644,3 +645,44 @@ def test_paged_attention_refuses_context_past_block_table():
     q = make_queries([1], 4, 16, torch.float32)
     with pytest.raises(NPUOpError, match=r"context length 300 exceeds the block table"):
         run_paged_attention(q, paged, [300], 4, 2, 1.0)
+
+
+# ------------------------------------------------------------------ npu_attention_update
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("sp", [1, 2, 5])
+def test_attention_update_matches_lse_weighting(dtype, sp):
+    g = torch.Generator().manual_seed(sp)
+    n, d = 12, 32
+    lse = [torch.randn(n, generator=g) * 3 for _ in range(sp)]
+    out = [torch.randn(n, d, generator=g).to(dtype) for _ in range(sp)]
+    merged, lse_m = npu_attention_update(lse, out, 1)
+    ref_lse = torch.logsumexp(torch.stack(lse), 0)
+    ref = sum(o.float() * torch.exp(s - ref_lse)[:, None] for o, s in zip(out, lse))
+    assert merged.dtype == dtype
+    torch.testing.assert_close(merged.float(), ref, atol=1e-2 if dtype != torch.float32
+                               else 1e-6, rtol=1e-2 if dtype != torch.float32 else 1e-6)
+    torch.testing.assert_close(lse_m, ref_lse)
+    assert npu_attention_update(lse, out, 0)[1] is None
+
+
+@pytest.mark.parametrize("case,match", [
+    ("inf", "non-finite"), ("shape", "expected"), ("type", "update_type=2"),
+    ("count", "one lse and one local_out"), ("dim", "multiple of 8")])
+def test_attention_update_rejects(case, match):
+    lse = [torch.zeros(4), torch.zeros(4)]
+    out = [torch.zeros(4, 16), torch.zeros(4, 16)]
+    update_type = 0
+    if case == "inf":
+        lse[1][2] = float("-inf")
+    elif case == "shape":
+        out[1] = torch.zeros(4, 8)
+    elif case == "type":
+        update_type = 2
+    elif case == "count":
+        lse = lse[:1]
+    elif case == "dim":
+        out = [torch.zeros(4, 12), torch.zeros(4, 12)]
+    with pytest.raises(NPUOpError, match=match):
+        npu_attention_update(lse, out, update_type)

@@ -34,6 +34,12 @@ from vllm.v1.attention.backend import (
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
 
 from vllm_npu import ops
+from vllm_npu.attention.context_parallel import (
+    DCPMetadata,
+    build_dcp_metadata,
+    combine_over_ranks,
+    merge_partials,
+)
 from vllm_npu.compilation.graph_backend import get_graph_backend
 from vllm_npu.compilation.graph_params import GRAPH_PARAMS, AttentionTasks
 from vllm_npu.config import get_npu_config
@@ -107,6 +113,7 @@ class NPUAttentionMetadata:
     block_table: torch.Tensor    # int32 [num_reqs, max_blocks_per_req]
     slot_mapping: torch.Tensor   # int32 [num_actual_tokens]
     attn_mask: torch.Tensor      # bool [2048, 2048], True above the diagonal (masked)
+    dcp: DCPMetadata | None = None  # decode context parallelism: this rank's context shard
 
 
 class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]):
@@ -116,7 +123,10 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
     def get_cudagraph_support(cls, vllm_config: VllmConfig,
                               kv_cache_spec: AttentionSpec) -> AttentionCGSupport:
         """FULL graphs (any batch) only with the parameter-update hook: without it a
-        replayed attention task keeps the capture's sequence lengths and block table."""
+        replayed attention task keeps the capture's sequence lengths and block table.
+        Not with DCP: its collectives and two-part attention have no update hook."""
+        if vllm_config.parallel_config.decode_context_parallel_size > 1:
+            return AttentionCGSupport.NEVER
         if callable(getattr(cls.impl_cls, "update_graph_params", None)):
             return AttentionCGSupport.ALWAYS
         return AttentionCGSupport.NEVER
@@ -126,6 +136,9 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.attn_mask = torch.ones(MASK_SIDE, MASK_SIDE, dtype=torch.bool,
                                     device=device).triu_(1)
+        parallel = vllm_config.parallel_config
+        self.dcp_world = parallel.decode_context_parallel_size
+        self.dcp_interleave = parallel.cp_kv_cache_interleave_size
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> NPUAttentionMetadata:
@@ -136,6 +149,13 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
         if seq_lens_cpu is None:
             seq_lens_cpu = cm.seq_lens.cpu()
         seq_lens_cpu = seq_lens_cpu[:n_reqs].to(torch.int32)
+        dcp = None
+        if self.dcp_world > 1:
+            from vllm.distributed import get_dcp_group
+
+            q_lens = cm.query_start_loc_cpu[1:n_reqs + 1] - cm.query_start_loc_cpu[:n_reqs]
+            dcp = build_dcp_metadata(seq_lens_cpu - q_lens.to(torch.int32), self.dcp_world,
+                                     get_dcp_group().rank_in_group, self.dcp_interleave)
         return NPUAttentionMetadata(
             num_actual_tokens=n_tokens,
             num_reqs=n_reqs,
@@ -146,10 +166,14 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
             block_table=cm.block_table_tensor[:n_reqs].to(torch.int32),
             slot_mapping=cm.slot_mapping[:n_tokens].to(torch.int32),
             attn_mask=self.attn_mask,
+            dcp=dcp,
         )
 
 
 class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
+    supports_dcp: bool = True
+    can_return_lse_for_decode: bool = True  # the fused op's softmax_lse_flag
+
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
                  alibi_slopes: list[float] | None, sliding_window: int | None,
                  kv_cache_dtype: str, logits_soft_cap: float | None = None,
@@ -164,6 +188,10 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         if attn_type != AttentionType.DECODER:
             raise NotImplementedError(f"NPU attention backend supports decoder attention "
                                       f"only, got attn_type={attn_type!r}")
+        if self.dcp_world_size > 1 and sliding_window is not None:
+            raise NotImplementedError(
+                f"NPU attention backend: decode context parallelism with a sliding window "
+                f"({sliding_window}) is not supported; use --decode-context-parallel-size 1")
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -218,6 +246,35 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
             **window,
         )
 
+    def _attend_dcp(self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    kv_cache: torch.Tensor, meta: NPUAttentionMetadata,
+                    out: torch.Tensor) -> None:
+        """Context shard (all DCP ranks' heads, merged over ranks) + new tokens, merged."""
+        dcp = meta.dcp
+        new_out, new_lse = ops.npu_fused_infer_attention_score(
+            q, key.contiguous(), value.contiguous(), atten_mask=meta.attn_mask,
+            actual_seq_lengths=meta.query_ends, actual_seq_lengths_kv=meta.query_ends,
+            num_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
+            scale=self.scale, input_layout="TND", sparse_mode=3, softmax_lse_flag=True)
+        if not dcp.any_context:
+            out.copy_(new_out)
+            return
+        from vllm.distributed import get_dcp_group
+
+        group = get_dcp_group()
+        q_all = group.all_gather(q.contiguous(), dim=1)  # [T, W*H, D]
+        k_plane, v_plane = self._planes(kv_cache)
+        # The cached context precedes every new token: no mask.
+        ctx_out, ctx_lse = ops.npu_fused_infer_attention_score(
+            q_all, k_plane, v_plane, actual_seq_lengths=meta.query_ends,
+            actual_seq_lengths_kv=dcp.local_context_lens, block_table=meta.block_table,
+            num_heads=q_all.shape[1], num_key_value_heads=self.num_kv_heads,
+            scale=self.scale, input_layout="TND", block_size=k_plane.shape[1],
+            softmax_lse_flag=True)
+        ctx_out, ctx_lse = combine_over_ranks(group, ctx_out, ctx_lse[..., 0], self.num_heads)
+        merged, _ = merge_partials([ctx_out, new_out], [ctx_lse, new_lse[..., 0]])
+        out.copy_(merged)
+
     def _kind(self, meta: NPUAttentionMetadata, capturing_desc) -> str:
         # A graph captured for a uniform-decode BatchDescriptor only ever replays pure
         # decode batches; any other graph may replay mixed ones, so it captures the fused op.
@@ -259,6 +316,10 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         if attn_metadata is None:  # profile / dummy run
             return output
         n = attn_metadata.num_actual_tokens
+        if attn_metadata.dcp is not None:
+            self._attend_dcp(query[:n], key[:n], value[:n], kv_cache, attn_metadata,
+                             output[:n])
+            return output
         backend = get_graph_backend()
         if not backend.is_capturing():
             self._attend(self._kind(attn_metadata, None), query[:n], kv_cache, attn_metadata,

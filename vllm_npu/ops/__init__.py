@@ -17,6 +17,7 @@ OP_NAMES = (
     "_npu_reshape_and_cache",
     "_npu_reshape_and_cache_siso",
     "_npu_paged_attention_mla",
+    "npu_attention_update",
 )
 
 if select_backend().simulated:

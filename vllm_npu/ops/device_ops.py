@@ -8,6 +8,7 @@ npu_add_rms_norm = torch_npu.npu_add_rms_norm
 npu_rotary_mul = torch_npu.npu_rotary_mul
 npu_swiglu = torch_npu.npu_swiglu
 npu_fused_infer_attention_score = torch_npu.npu_fused_infer_attention_score
+npu_attention_update = torch_npu.npu_attention_update
 
 
 def npu_fused_infer_attention_score_out(query, key, value, *, out, workspace=None, **kwargs):

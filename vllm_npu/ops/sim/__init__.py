@@ -3,7 +3,7 @@
 Every op is graph-aware (`graph.graph_op`): under a simulated graph capture it is recorded
 as one task whose arguments stay frozen until a task update refreshes them.
 """
-from vllm_npu.ops.sim import activation, attention, cache, mla, norm, rotary
+from vllm_npu.ops.sim import activation, attention, attention_update, cache, mla, norm, rotary
 from vllm_npu.ops.sim.graph import graph_op
 
 npu_swiglu = graph_op(activation.npu_swiglu)
@@ -16,3 +16,4 @@ _npu_paged_attention = graph_op(attention._npu_paged_attention)
 _npu_reshape_and_cache = graph_op(cache._npu_reshape_and_cache)
 _npu_reshape_and_cache_siso = graph_op(mla._npu_reshape_and_cache_siso)
 _npu_paged_attention_mla = graph_op(mla._npu_paged_attention_mla)
+npu_attention_update = graph_op(attention_update.npu_attention_update)

@@ -1,0 +1,71 @@
+"""Decode context parallelism (DCP) shared by the NPU attention backends.
+
+With DCP of world W (a slice of the TP group) a request's KV cache is sharded over the W
+ranks by position: with interleave I, position p lives on rank (p // I) % W (vLLM's slot
+mapping writes -1 for every other rank). A step's attention therefore splits in two:
+
+    context   the tokens cached before this step, sharded: every rank attends the queries of
+              all W ranks' heads (all-gathered) over its local shard, non-causally; the W
+              partial results are merged per head with their log-sum-exps
+    new       this step's tokens, whose K/V every rank holds in full for its own heads:
+              ordinary causal attention
+
+and the two partial results are merged once more by log-sum-exp. Both merges are exact
+(`npu_attention_update`), so DCP output equals unsharded attention up to float rounding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
+
+from vllm_npu import ops
+
+LOWEST_LSE = torch.finfo(torch.float32).min  # an empty shard's lse, as the device op takes it
+
+
+@dataclass(frozen=True, slots=True)
+class DCPMetadata:
+    """One step's context shard on this rank."""
+    world: int
+    rank: int
+    local_context_lens: list[int]  # host, per request: cached tokens stored on this rank
+    any_context: bool              # whether any request has cached context on any rank
+
+
+def build_dcp_metadata(context_lens: torch.Tensor, world: int, rank: int,
+                       interleave: int) -> DCPMetadata:
+    """context_lens: host int tensor [num_reqs] of cached tokens per request (all ranks)."""
+    local = get_dcp_local_seq_lens(context_lens, world, rank, interleave)
+    # Decided from global lengths: every rank must take the same (collective) path.
+    return DCPMetadata(world=world, rank=rank, local_context_lens=local.tolist(),
+                       any_context=bool(context_lens.numel() and int(context_lens.max()) > 0))
+
+
+def merge_partials(outs: list[torch.Tensor], lses: list[torch.Tensor]):
+    """Exact merge of partial attention over disjoint key sets.
+
+    outs: [T, H, D] each, lses: [T, H] float32 each (-inf where a part had no keys).
+    Returns out [T, H, D] in outs' dtype and lse [T, H]."""
+    t, h, d = outs[0].shape
+    out, lse = ops.npu_attention_update(
+        [x.clamp_min(LOWEST_LSE).reshape(t * h).contiguous() for x in lses],
+        [o.reshape(t * h, d).contiguous() for o in outs], 1)
+    return out.view(t, h, d), lse.view(t, h)
+
+
+def combine_over_ranks(group, out: torch.Tensor, lse: torch.Tensor, num_heads: int):
+    """Each DCP rank computed all W*H gathered heads over its shard; return this rank's
+    H heads merged over all shards.
+
+    out [T, W*H, D], lse [T, W*H] -> out [T, H, D], lse [T, H]. One all-gather carries
+    outputs and lses together (packed in float32, which round-trips fp16/bf16 exactly).
+    """
+    t, _, d = out.shape
+    packed = torch.cat((out.float(), lse.unsqueeze(-1)), dim=-1)
+    gathered = group.all_gather(packed, dim=0).view(group.world_size, t, -1, d + 1)
+    heads = slice(group.rank_in_group * num_heads, (group.rank_in_group + 1) * num_heads)
+    mine = gathered[:, :, heads]
+    return merge_partials([m[..., :d].to(out.dtype) for m in mine],
+                          [m[..., d] for m in mine])
