@@ -150,9 +150,9 @@ class NPUPlatform(Platform):
 
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:
-        from vllm_npu.worker.slot_mapping import register_slot_mapping_override
+        from vllm_npu.kernel_overrides import register_kernel_overrides
 
-        register_slot_mapping_override()
+        register_kernel_overrides()
 
     # ---- CLI and configuration -------------------------------------------------------
     @classmethod

@@ -22,7 +22,11 @@ import vllm_npu.config as npu_config_mod
 from tests.attention.test_backend import BS, alloc_kv_cache, ref_attention
 from vllm_npu import ops
 from vllm_npu.attention.backend import NPUAttentionImpl, NPUAttentionMetadataBuilder
-from vllm_npu.attention.context_parallel import merge_partials
+from vllm_npu.attention.context_parallel import (
+    correct_attn_cp_out,
+    gather_sharded_rows,
+    merge_partials,
+)
 from vllm_npu.config import NPUConfig
 from vllm_npu.worker.slot_mapping import compute_slot_mapping
 
@@ -193,3 +197,55 @@ def test_sliding_window_with_dcp_is_refused(mocker):
     with pytest.raises(NotImplementedError, match="sliding window.*decode-context-parallel"):
         NPUAttentionImpl(4, D, 0.25, 1, alibi_slopes=None, sliding_window=32,
                          kv_cache_dtype="auto")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("interleave", [1, 16, BS])
+def test_gather_sharded_rows_restores_position_order(world, interleave):
+    """MLA prefill under DCP: each rank's local rows of each request -> full contexts."""
+    torch.set_num_threads(1)
+    lens = [0, 5, 130, 300, 1]
+    full = [torch.arange(n * 3, dtype=torch.float32).view(n, 3) + 1000 * r
+            for r, n in enumerate(lens)]
+    group = ThreadGroup(world)
+    results = [None] * world
+
+    def rank_fn(rank):
+        local = [rows[(torch.arange(len(rows)) // interleave) % world == rank]
+                 for rows in full]
+        results[rank] = gather_sharded_rows(group.rank(rank), local, lens, interleave)
+
+    run_ranks(world, rank_fn)
+    for got in results:
+        for rows, ref in zip(got, full, strict=True):
+            assert torch.equal(rows, ref)
+    assert group.calls == 1
+
+
+@pytest.mark.parametrize("is_base_e", [True, False])
+def test_cp_correction_kernel_override_through_vllm(is_base_e):
+    """vLLM's `correct_attn_out` (its MLA layer's DCP combine) launches our override:
+    merged lse = log-sum-exp over ranks; out scaled by exp(own lse - merged), empty
+    shards (-inf / NaN) weigh 0."""
+    from vllm.v1.attention.ops.dcp import CorrectAttnCPOutKernel, correct_attn_out
+
+    from vllm_npu.kernel_overrides import register_kernel_overrides
+
+    register_kernel_overrides()
+    g = torch.Generator().manual_seed(5)
+    n, b, h, d = 3, 4, 2, 8
+    lses = torch.randn(n, b, h, generator=g)
+    lses[1, 0] = float("-inf")           # rank 1 holds nothing of token 0
+    lses[:, 3, 1] = float("-inf")        # no rank holds anything of (token 3, head 1)
+    lses[2, 2, 0] = float("nan")
+    out = torch.randn(b, h, d, generator=g)
+    expect_in = out.clone()
+    corrected, lse = correct_attn_out(out, lses, 1, None, is_lse_base_on_e=is_base_e)
+    clean = torch.where(torch.isnan(lses), float("-inf"), lses)
+    scale = 1.0 if is_base_e else math.log(2.0)
+    ref_lse = torch.logsumexp(clean * scale, 0) / scale
+    factor = torch.exp((clean[1] - ref_lse) * scale).nan_to_num(0.0)
+    torch.testing.assert_close(lse, ref_lse)
+    torch.testing.assert_close(corrected, expect_in * factor[..., None])
+    assert (corrected[0] == 0).all() and (corrected[3, 1] == 0).all()
+    assert CorrectAttnCPOutKernel.kernel.func is correct_attn_cp_out

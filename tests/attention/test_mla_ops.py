@@ -4,7 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_npu.ops.sim import _npu_paged_attention_mla, _npu_reshape_and_cache_siso
+from vllm_npu.ops.sim import (
+    _npu_paged_attention_mla,
+    _npu_reshape_and_cache_siso,
+    npu_multi_head_latent_attention,
+)
 from vllm_npu.ops.sim.checks import NPUOpError
 
 BS = 128
@@ -121,3 +125,55 @@ def test_reshape_and_cache_siso_refusals():
     for args, match in cases:
         with pytest.raises(NPUOpError, match=match):
             _npu_reshape_and_cache_siso(*args)
+
+
+def _split_call(query, cache, bt, lens, L, scale, **kw):
+    """npu_multi_head_latent_attention on views of the one latent cache, as the backend
+    calls it under decode context parallelism."""
+    B, N, _ = query.shape
+    out = torch.full((B, N, L), 7.0, dtype=query.dtype)
+    lse = torch.empty(B, N, 1)
+    ret = npu_multi_head_latent_attention(
+        query[..., :L].contiguous(), query[..., L:].contiguous(), cache[..., :L],
+        cache[..., L:], bt, lens, N, scale, 1, output=out, lse=lse, **kw)
+    return ret, out, lse
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dims", [(512, 64, 8), (32, 16, 4)])
+def test_latent_attention_with_lse_matches_reference(dims, dtype):
+    L, R, N = dims
+    lens = [1, 127, 129, 300]
+    query, cache, bt, cl = _latent_setup(len(lens), N, L, R, lens, dtype, seed=3)
+    (ret_out, ret_lse), out, lse = _split_call(query, cache, bt, lens, L, 0.07,
+                                               calc_type="calc_type_ring", return_lse=True)
+    assert ret_out is out and ret_lse is lse
+    torch.testing.assert_close(out.float(), _reference(query, cache, bt, cl, L, 0.07),
+                               **TOL[dtype])
+    ref_lse = torch.stack([torch.logsumexp(
+        (query[b].float() @ torch.cat([cache[int(bt[b, p // BS]), p % BS]
+                                       for p in range(n)]).float().T) * 0.07, -1)
+        for b, n in enumerate(lens)])
+    torch.testing.assert_close(lse[..., 0], ref_lse, **TOL[dtype])
+
+
+def test_latent_attention_empty_shard_gives_zero_and_minus_inf():
+    """A context-parallel rank holding none of a request: output 0, lse -inf."""
+    query, cache, bt, _ = _latent_setup(2, 4, 32, 16, [5, 9], torch.float32)
+    (_, _), out, lse = _split_call(query, cache, bt, [5, 0], 32, 0.1,
+                                   calc_type="calc_type_ring", return_lse=True)
+    assert (out[1] == 0).all() and (lse[1] == float("-inf")).all()
+    assert torch.isfinite(lse[0]).all()
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(return_lse=True), "calc_type_ring"),
+    (dict(calc_type="ring"), "calc_type='ring'"),
+    (dict(calc_type="calc_type_ring", mask_type="mask_type_spec"), "does not implement"),
+])
+def test_latent_attention_refusals(kw, match):
+    query, cache, bt, _ = _latent_setup(2, 4, 32, 16, [5, 9], torch.float32)
+    with pytest.raises((NPUOpError, NotImplementedError), match=match):
+        _split_call(query, cache, bt, [5, 9], 32, 0.1, **kw)
+    with pytest.raises(NPUOpError, match="context_lens must be 2 host ints"):
+        _split_call(query, cache, bt, [5, 9, 1], 32, 0.1)

@@ -2,42 +2,70 @@
 multiprocessing executor, collectives through the CPU HCCL simulator), greedy float32
 tokens identical to HF transformers (which test_offline_parity shows equals TP=1).
 
-The model has one KV head, so TP=2 replicates it and DCP=2 shards its cache by position.
+Standard attention: a model with one KV head, which TP=2 replicates and DCP=2 shards by
+position. MLA (DeepSeek-V3 style, small and real attention dims): the one latent "head" is
+sharded the same way; vLLM's MLA layer gathers query heads and merges the ranks' decode
+outputs, the backend gathers context latents for prefill.
 """
 from __future__ import annotations
 
 import pytest
 
-from tests.e2e.engine import generate, make_llm, shutdown, vocab
+from tests.e2e.engine import generate, make_llm, metric, shutdown, vocab
 from tests.e2e.reference import hf_greedy, random_prompt
 
 BLOCK = 128
 
 
+MODELS = {  # name -> build_tiny_model arguments
+    "llama-mqa": dict(arch="llama", num_key_value_heads=1),
+    "mla-small": dict(arch="deepseek_v3", kv_lora_rank=32, qk_rope_head_dim=16,
+                      qk_nope_head_dim=32, v_head_dim=32),
+    "mla-dsv3": dict(arch="deepseek_v3", kv_lora_rank=512, qk_rope_head_dim=64,
+                     qk_nope_head_dim=128, v_head_dim=128, q_lora_rank=96),
+}
+
+
 @pytest.fixture(scope="module")
-def mqa_llama(tmp_path_factory):
+def models(tmp_path_factory):
     from vllm_npu.testing.tiny_model import build_tiny_model
 
-    return build_tiny_model(str(tmp_path_factory.mktemp("dcp") / "llama-mqa"), arch="llama",
-                            num_key_value_heads=1)
+    root = tmp_path_factory.mktemp("dcp")
+    return lambda name: build_tiny_model(str(root / name), **MODELS[name])
+
+
+@pytest.fixture(scope="module")
+def mqa_llama(models):
+    return models("llama-mqa")
 
 
 def _count_dcp_work(worker) -> None:
-    """Wrap, in this worker, the KV write (stored slots) and the LSE merge (calls)."""
+    """Wrap, in this worker, the KV writes (rows stored) and the shard-level attention
+    calls that return an lse (standard: the merge op; MLA: the latent decode op)."""
     from vllm_npu import ops
 
-    stats = {"stored": 0, "merges": 0}
-    write, merge = ops._npu_reshape_and_cache, ops.npu_attention_update
+    stats = {"stored": 0, "lse_calls": 0}
+    orig = {name: getattr(ops, name) for name in (
+        "_npu_reshape_and_cache", "_npu_reshape_and_cache_siso", "npu_attention_update",
+        "npu_multi_head_latent_attention")}
 
-    def counting_write(key, value, key_cache, value_cache, slots):
+    def write(key, value, key_cache, value_cache, slots):
         stats["stored"] += int((slots >= 0).sum())
-        return write(key, value, key_cache, value_cache, slots)
+        return orig["_npu_reshape_and_cache"](key, value, key_cache, value_cache, slots)
 
-    def counting_merge(*args, **kwargs):
-        stats["merges"] += 1
-        return merge(*args, **kwargs)
+    def write_latent(rows, cache, slots):
+        stats["stored"] += int((slots >= 0).sum())
+        return orig["_npu_reshape_and_cache_siso"](rows, cache, slots)
 
-    ops._npu_reshape_and_cache, ops.npu_attention_update = counting_write, counting_merge
+    def counted(name):
+        def call(*args, **kwargs):
+            stats["lse_calls"] += 1
+            return orig[name](*args, **kwargs)
+        return call
+
+    ops._npu_reshape_and_cache, ops._npu_reshape_and_cache_siso = write, write_latent
+    ops.npu_attention_update = counted("npu_attention_update")
+    ops.npu_multi_head_latent_attention = counted("npu_multi_head_latent_attention")
     worker.dcp_stats = stats
 
 
@@ -45,28 +73,39 @@ def _dcp_stats(worker) -> dict:
     return worker.dcp_stats
 
 
-@pytest.mark.parametrize("interleave", [1, BLOCK])
-def test_dcp2_on_tp2_matches_hf(mqa_llama, parity_dtype, interleave):
+@pytest.mark.parametrize("model,interleave", [
+    ("llama-mqa", 1), ("llama-mqa", BLOCK), ("mla-small", 1), ("mla-dsv3", BLOCK)])
+def test_dcp2_on_tp2_matches_hf(models, parity_dtype, model, interleave):
     """Prompts across the 256-token virtual block (128 per rank), chunked 64 at a time
-    (later chunks read their context from both ranks' shards), then decode."""
-    v = vocab(mqa_llama)
+    (later chunks read their context from both ranks' shards), then decode; a second
+    request reuses the first 256 tokens of a finished one (a prefix-cache hit)."""
+    path = models(model)
+    v = vocab(path)
     prompts = [random_prompt(70 + i, n, v) for i, n in enumerate((5, 130, 300))]
-    llm = make_llm(mqa_llama, parity_dtype, tensor_parallel_size=2,
+    shared = prompts[2][:260] + random_prompt(99, 20, v)
+    llm = make_llm(path, parity_dtype, tensor_parallel_size=2,
                    decode_context_parallel_size=2, cp_kv_cache_interleave_size=interleave,
                    distributed_executor_backend="mp", enable_sleep_mode=False)
     try:
         llm.collective_rpc(_count_dcp_work)
         got = generate(llm, prompts, 16)
+        hits_before = metric(llm, "vllm:prefix_cache_hits")
+        got_shared = generate(llm, [shared], 8)
+        hits = metric(llm, "vllm:prefix_cache_hits") - hits_before
         stats = llm.collective_rpc(_dcp_stats)
     finally:
         shutdown(llm)
-    assert got == [hf_greedy(mqa_llama, p, 16) for p in prompts]
-    # Each rank stored its share of every token once per layer (2 layers); the shares
-    # add up to all tokens that entered the cache.
-    total = 2 * sum(len(p) + 16 - 1 for p in prompts)
-    assert sum(s["stored"] for s in stats) == total
-    assert all(s["stored"] < 0.7 * total for s in stats)
-    assert all(s["merges"] > 0 for s in stats)  # the sharded context was merged
+    assert got == [hf_greedy(path, p, 16) for p in prompts]
+    assert got_shared == [hf_greedy(path, shared, 8)]
+    assert hits == 2 * BLOCK  # one 256-token virtual block, 128 on each rank
+    # Each rank stored exactly the computed positions p with (p // I) % 2 == rank, once
+    # per layer (2 layers): the cache is sharded, nothing is stored twice.
+    computed = [range(len(p) + 16 - 1) for p in prompts]
+    computed.append(range(hits, len(shared) + 8 - 1))
+    for rank, s in enumerate(stats):
+        assert s["stored"] == 2 * sum((p // interleave) % 2 == rank
+                                      for r in computed for p in r)
+    assert all(s["lse_calls"] > 0 for s in stats)  # the sharded context was merged
 
 
 @pytest.mark.parametrize("args,match", [

@@ -60,8 +60,9 @@ def test_override_registers_even_with_numba_loaded():
     import numba  # noqa: F401
     from vllm.triton_utils import dispatcher
 
-    from vllm_npu.worker.slot_mapping import KERNEL, register_slot_mapping_override
+    from vllm_npu.kernel_overrides import register_kernel_overrides
+    from vllm_npu.worker.slot_mapping import KERNEL
 
-    register_slot_mapping_override()
+    register_kernel_overrides()
     assert dispatcher._registry[KERNEL][1] is compute_slot_mapping
     assert "llvmlite.binding.ffi" in __import__("sys").modules  # restored afterwards

@@ -15,6 +15,7 @@ and the two partial results are merged once more by log-sum-exp. Both merges are
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -69,3 +70,49 @@ def combine_over_ranks(group, out: torch.Tensor, lse: torch.Tensor, num_heads: i
     mine = gathered[:, :, heads]
     return merge_partials([m[..., :d].to(out.dtype) for m in mine],
                           [m[..., d] for m in mine])
+
+
+CORRECT_KERNEL = "vllm.v1.attention.ops.dcp.CorrectAttnCPOutKernel.kernel"
+_LN2 = math.log(2.0)
+
+
+def correct_attn_cp_out(outputs, new_output, lses, vlse, outputs_stride_B, outputs_stride_H,
+                        outputs_stride_D, lses_stride_N, lses_stride_B, lses_stride_H,
+                        lse_idx, HEAD_DIM, N_ROUNDED, IS_BASE_E) -> None:  # noqa: N803
+    """vLLM's `CorrectAttnCPOutKernel` (its MLA layer's DCP combine, ahead of a
+    reduce-scatter over heads) in torch: with the all-gathered lses [N, B, H], write the
+    merged lse [B, H] into `vlse` and outputs [B, H, D] * exp(lses[lse_idx] - merged)
+    into `new_output`. NaN / +inf lses count as empty shards (-inf), like the kernel's.
+    Strides are the tensors' own; the stride arguments only mirror the kernel's."""
+    lse = lses.float()
+    lse = torch.where(torch.isnan(lse) | (lse == float("inf")), float("-inf"), lse)
+    if not IS_BASE_E:
+        lse = lse * _LN2
+    merged = torch.logsumexp(lse, dim=0)  # all -inf -> -inf
+    factor = torch.exp(lse[lse_idx] - merged).nan_to_num(0.0)  # (-inf) - (-inf) -> 0
+    vlse.copy_(merged if IS_BASE_E else merged / _LN2)
+    new_output.copy_(outputs * factor.unsqueeze(-1).to(outputs.dtype))
+
+
+def gather_sharded_rows(group, local: list[torch.Tensor], context_lens: list[int],
+                        interleave: int) -> list[torch.Tensor]:
+    """Rebuild each request's cached rows, in position order, from all DCP ranks' shards.
+
+    local[r]: this rank's rows of request r in position order, [n_local, F]. Returns, per
+    request, [context_lens[r], F]. One all-gather; every rank must call it together.
+    """
+    world = group.world_size
+    lens = torch.tensor(context_lens, dtype=torch.int32)
+    pads = get_dcp_local_seq_lens(lens, world, 0, interleave).tolist()  # rank 0 holds most
+    width = local[0].shape[-1]
+    padded = torch.cat([torch.nn.functional.pad(rows, (0, 0, 0, pad - rows.shape[0]))
+                        for rows, pad in zip(local, pads)])
+    gathered = group.all_gather(padded, dim=0).view(world, -1, width)
+    out, offset = [], 0
+    for n, pad in zip(context_lens, pads):
+        pos = torch.arange(n)
+        rank = (pos // interleave) % world
+        index = (pos // (world * interleave)) * interleave + pos % interleave
+        out.append(gathered[rank, offset + index])
+        offset += pad
+    return out

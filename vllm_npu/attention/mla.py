@@ -17,6 +17,14 @@ Latent KV cache of one layer (one "head" per token, as vLLM allocates MLA caches
            kv_b_proj to K = [k_nope | k_pe] and V; one fused-attention call, right-down causal
            (`NPUMLAPrefillBackend.run_prefill`)
 
+Decode context parallelism (DCP of world W): the latent rows are sharded by position like
+the standard backend's K/V (`context_parallel`). vLLM's MLA layer all-gathers the absorbed
+queries of the W ranks' heads before `forward_mqa` and merges the ranks' results by lse
+after it (its correction kernel is `context_parallel.correct_attn_cp_out` here), so decode
+attends this rank's shard with `npu_multi_head_latent_attention` (lse returned). Prefill
+all-gathers each request's cached context latents (`gather_sharded_rows`) and then runs as
+without DCP.
+
 Batches are reordered by vLLM so that decodes (one query token) come first:
 
     tokens  | d0 d1 ... d_{D-1} | p0 p0 p0 | p1 p1 | ...
@@ -28,7 +36,7 @@ from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 import torch
-from vllm.config import VllmConfig
+from vllm.config import VllmConfig, get_current_vllm_config
 from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonBackend,
@@ -44,9 +52,11 @@ from vllm.v1.attention.backend import (
     CommonAttentionMetadata,
     MultipleOf,
 )
+from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from vllm_npu import ops
+from vllm_npu.attention.context_parallel import gather_sharded_rows
 from vllm_npu.attention.mla_prefill import cumulative
 
 MLA_BLOCK_SIZE = 128  # ATB's MLA paged attention: block_size <= 128 for heads > 256 wide
@@ -108,7 +118,7 @@ def select_mla_backend(selected_backend, cfg) -> str:
         (not b.supports_attn_type(cfg.attn_type), f"attention type {cfg.attn_type}"),
         (cfg.has_sliding_window, "sliding window"),
         (cfg.has_sink, "attention sinks"),
-        (cfg.use_pcp or cfg.use_dcp, "context parallelism (prefill or decode)"),
+        (cfg.use_pcp, "prefill context parallelism"),
     ) if bad]
     if reasons:
         raise ValueError(f"NPU MLA backend cannot run this model: {reasons}")
@@ -153,10 +163,17 @@ class NPUMLAMetadataBuilder(MLACommonMetadataBuilder[NPUMLAMetadata]):
         seq_lens_cpu = seq_lens_cpu[:cm.num_reqs].to(torch.int32)
         nd = meta.num_decodes
         if meta.decode is not None:
+            decode_lens = seq_lens_cpu[:nd]
+            if self.dcp_world_size > 1:  # decode attends this rank's shard of each request
+                from vllm.distributed import get_dcp_group
+
+                decode_lens = get_dcp_local_seq_lens(decode_lens, self.dcp_world_size,
+                                                     get_dcp_group().rank_in_group,
+                                                     self.cp_kv_cache_interleave_size)
             meta.decode = NPUMLADecodeMetadata(
                 block_table=meta.decode.block_table.to(torch.int32),
-                seq_lens=seq_lens_cpu[:nd],
-                dcp_tot_seq_lens=None)
+                seq_lens=decode_lens.to(torch.int32),
+                dcp_tot_seq_lens=seq_lens_cpu[:nd] if self.dcp_world_size > 1 else None)
         if meta.prefill is not None:
             p = meta.prefill
             q_lens = p.query_lens_cpu.to(torch.int32)
@@ -181,7 +198,10 @@ def _batch_num_tokens() -> int | None:
 
 
 class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
-    can_return_lse_for_decode: bool = False
+    # DCP: decode returns its lse (npu_multi_head_latent_attention), vLLM's MLA layer
+    # gathers the query heads before and merges the ranks' outputs after.
+    can_return_lse_for_decode: bool = True
+    supports_dcp: bool = True
     supports_pcp: bool = False
 
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
@@ -203,8 +223,8 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes,
                          sliding_window, kv_cache_dtype, logits_soft_cap, attn_type,
                          kv_sharing_target_layer_name, **mla_args)
-        if self.dcp_world_size > 1:
-            raise NotImplementedError("NPU MLA backend: decode context parallelism")
+        self.cp_interleave = \
+            get_current_vllm_config().parallel_config.cp_kv_cache_interleave_size
         self.supports_quant_query_input = False
         self._use_flashinfer_concat_mla_k = False
         self.latent_dim = self.kv_lora_rank + self.qk_rope_head_dim
@@ -221,9 +241,12 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
         if n is None:
             return
         rows = torch.cat((kv_c_normed[:n], k_pe[:n].reshape(n, -1)), dim=-1)
+        slots = slot_mapping[:n].to(torch.int32)
+        if self.dcp_world_size > 1:  # tokens stored on other DCP ranks have slot -1
+            local = slots >= 0
+            rows, slots = rows[local], slots[local]
         ops._npu_reshape_and_cache_siso(rows.to(kv_cache.dtype).unsqueeze(1),
-                                        kv_cache.unsqueeze(2),
-                                        slot_mapping[:n].to(torch.int32))
+                                        kv_cache.unsqueeze(2), slots)
 
     # ---- prefill: expand latents, dense causal attention ---------------------------
     def _gather_latents(self, kv_cache: torch.Tensor, block_row: torch.Tensor,
@@ -236,16 +259,28 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
     def _prefill_latents(self, new_rows: torch.Tensor, kv_cache: torch.Tensor,
                          p: NPUMLAPrefillMetadata) -> torch.Tensor:
         """[cached context | new tokens] per request, concatenated: [sum kv, L+R]."""
-        if not any(p.context_lens):
+        if not any(p.context_lens):  # global lengths: every DCP rank decides alike
             return new_rows
+        contexts = self._contexts(kv_cache, p)
         pieces, start = [], 0
-        for r, (ctx, q_len) in enumerate(zip(p.context_lens, p.query_lens)):
-            if ctx:
-                rows = self._gather_latents(kv_cache, p.block_table[r], ctx)
-                pieces.append(rows.to(new_rows.dtype))
-            pieces.append(new_rows[start:start + q_len])
+        for rows, q_len in zip(contexts, p.query_lens):
+            pieces += [rows.to(new_rows.dtype), new_rows[start:start + q_len]]
             start += q_len
         return torch.cat(pieces)
+
+    def _contexts(self, kv_cache: torch.Tensor, p: NPUMLAPrefillMetadata):
+        """Each prefill's cached latent rows; with DCP, all ranks' shards gathered."""
+        if self.dcp_world_size == 1:
+            return [self._gather_latents(kv_cache, p.block_table[r], n)
+                    for r, n in enumerate(p.context_lens)]
+        from vllm.distributed import get_dcp_group
+
+        local = get_dcp_local_seq_lens(torch.tensor(p.context_lens, dtype=torch.int32),
+                                       self.dcp_world_size, self.dcp_rank,
+                                       self.cp_interleave).tolist()
+        rows = [self._gather_latents(kv_cache, p.block_table[r], n)
+                for r, n in enumerate(local)]
+        return gather_sharded_rows(get_dcp_group(), rows, p.context_lens, self.cp_interleave)
 
     def forward_mha(self, q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor,
                     kv_c_and_k_pe_cache: torch.Tensor, attn_metadata: NPUMLAMetadata,
@@ -277,8 +312,27 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
         query = torch.cat(q, dim=-1) if isinstance(q, tuple) else q.contiguous()
         act_dtype = query.dtype
         query = query.to(kv_c_and_k_pe_cache.dtype)  # the op takes one dtype throughout
+        if self.dcp_world_size > 1:
+            out, lse = self._decode_with_lse(query, kv_c_and_k_pe_cache, d)
+            return out.to(act_dtype), lse
         out = query.new_empty(query.shape[0], self.num_heads, self.kv_lora_rank)
         ops._npu_paged_attention_mla(query, kv_c_and_k_pe_cache.unsqueeze(2), 1,
                                      self.num_heads, self.scale, d.block_table, d.seq_lens,
                                      self.kv_lora_rank, out)
         return out.to(act_dtype), None
+
+    def _decode_with_lse(self, query: torch.Tensor, cache: torch.Tensor,
+                         d: NPUMLADecodeMetadata):
+        """DCP decode: query [B, W*N, L+R] (all DCP ranks' heads) over this rank's shard
+        (seq_lens are local; 0 where the rank holds none) -> out [B, W*N, L], lse [B, W*N].
+        The split inputs are views of the one latent cache [blocks, bs, L+R]."""
+        b, heads, _ = query.shape
+        q_nope, q_rope = query.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        rows = cache.unsqueeze(2)
+        out = query.new_empty(b, heads, self.kv_lora_rank)
+        lse = torch.empty(b, heads, 1, dtype=torch.float32, device=query.device)
+        ops.npu_multi_head_latent_attention(
+            q_nope.contiguous(), q_rope.contiguous(), rows[..., :self.kv_lora_rank],
+            rows[..., self.kv_lora_rank:], d.block_table, d.seq_lens.tolist(), heads,
+            self.scale, 1, calc_type="calc_type_ring", return_lse=True, output=out, lse=lse)
+        return out, lse[..., 0]

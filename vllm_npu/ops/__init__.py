@@ -18,6 +18,7 @@ OP_NAMES = (
     "_npu_reshape_and_cache_siso",
     "_npu_paged_attention_mla",
     "npu_attention_update",
+    "npu_multi_head_latent_attention",
 )
 
 if select_backend().simulated:

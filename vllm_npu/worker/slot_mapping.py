@@ -1,7 +1,7 @@
 """Token -> KV-cache slot mapping, vectorised torch (replaces vLLM's Triton kernel).
 
-Registered through `Platform.register_triton_kernel_overrides` under
-`vllm.v1.worker.block_table.ComputeSlotMappingKernel.kernel`; called with that kernel's
+Registered through `Platform.register_triton_kernel_overrides` (`vllm_npu.kernel_overrides`)
+under `KERNEL`; called with that kernel's
 parameters in order. With context parallelism of world W and interleave I, a request's
 "virtual block" spans block_size * W positions; position p is stored on rank
 (p_in_vblock // I) % W, everything else gets PAD_ID:
@@ -11,8 +11,6 @@ parameters in order. With context parallelism of world W and interleave I, a req
          slot   = block_table[req, vblock] * bs + (off // (W*I)) * I + off % I
 """
 from __future__ import annotations
-
-import sys
 
 import torch
 
@@ -42,35 +40,3 @@ def compute_slot_mapping(num_tokens: int, max_num_tokens: int, query_start_loc: 
 
 
 KERNEL = "vllm.v1.worker.block_table.ComputeSlotMappingKernel.kernel"
-
-
-def _modules_that_break_the_scan() -> dict[str, object]:
-    """Modules holding an object whose `vars()` is not a mapping (llvmlite's lazy `lib`,
-    present once numba is imported). vLLM 0.33's `register_kernels` scans every module
-    attribute with `vars(value).get(...)` and crashes on such an object; none of these
-    modules can hold a vLLM kernel, so they are hidden from the scan. Remove when vLLM's
-    dispatcher guards that call."""
-    bad = {}
-    for name, module in list(sys.modules.items()):
-        namespace = getattr(module, "__dict__", None) or {}
-        for value in list(namespace.values()):
-            try:
-                breaks = hasattr(value, "__dict__") and not hasattr(vars(value), "get")
-            except Exception:
-                breaks = True
-            if breaks:
-                bad[name] = module
-                break
-    return bad
-
-
-def register_slot_mapping_override() -> None:
-    from vllm.triton_utils.dispatcher import register_kernels
-
-    hidden = _modules_that_break_the_scan()
-    for name in hidden:
-        del sys.modules[name]
-    try:
-        register_kernels({KERNEL: compute_slot_mapping})
-    finally:
-        sys.modules.update(hidden)

@@ -1,5 +1,7 @@
-"""Simulated ATB ops for MLA's latent KV cache: `_npu_reshape_and_cache_siso` (write) and
-`_npu_paged_attention_mla` (decode over the latent cache).
+"""Simulated ATB ops for MLA's latent KV cache: `_npu_reshape_and_cache_siso` (write),
+`_npu_paged_attention_mla` (decode over the latent cache) and
+`npu_multi_head_latent_attention` (decode with split nope/rope inputs and an lse output,
+for decode context parallelism).
 
 One layer's latent cache, as vLLM allocates it for an MLA layer (one "head" per token):
 
@@ -115,3 +117,84 @@ def _npu_paged_attention_mla(query: torch.Tensor, key_cache: torch.Tensor, num_k
     o, _ = attend_padded(query.unsqueeze(1), rows, rows[..., :mla_vheadsize], ones, lens,
                          float(scale_value), True, _INT_MAX, 0)
     out.copy_(o[:, 0])
+
+
+_MLA_CALC_TYPES = (None, "calc_type_undefined", "calc_type_ring")
+
+
+def npu_multi_head_latent_attention(q_nope: torch.Tensor, q_rope: torch.Tensor,
+                                    ctkv: torch.Tensor, k_rope: torch.Tensor,
+                                    block_tables: torch.Tensor, context_lens,
+                                    q_headnum: int, qk_scale: float, kv_headnum: int, *,
+                                    calc_type: str | None = None, return_lse: bool = False,
+                                    output: torch.Tensor | None = None,
+                                    lse: torch.Tensor | None = None, **unsupported):
+    """ATB MLA decode with split inputs ("krope_ctkv"), one query token per request.
+
+    q_nope [B, N, L], q_rope [B, N, R]; ctkv [num_blocks, bs, 1, L], k_rope
+    [num_blocks, bs, 1, R] (rows may be strided views of one latent cache: only the
+    feature axis must be dense); context_lens: host ints [B], each request's kv length,
+    0 allowed (a context-parallel rank holding none of the request: output 0, lse -inf).
+    scores = (q_nope . ctkv + q_rope . k_rope) * qk_scale; output = softmax @ ctkv
+    [B, N, L]. With calc_type "calc_type_ring" and return_lse, also lse [B, N, 1] float32
+    (the device returns it in the query dtype; float32 here keeps CPU parity exact).
+    """
+    op = "npu_multi_head_latent_attention"
+    used = {k: v for k, v in unsupported.items() if v is not None}
+    if used:
+        raise NotImplementedError(f"{op}: the simulator does not implement {sorted(used)}")
+    if calc_type not in _MLA_CALC_TYPES:
+        raise NPUOpError(f"{op}: calc_type={calc_type!r}; valid: {_MLA_CALC_TYPES}")
+    if return_lse and calc_type != "calc_type_ring":
+        raise NPUOpError(f"{op}: return_lse needs calc_type='calc_type_ring'")
+    for name, t in (("q_nope", q_nope), ("q_rope", q_rope), ("ctkv", ctkv),
+                    ("k_rope", k_rope)):
+        check_dtype(op, name, t)
+        if t.dtype != q_nope.dtype:
+            raise NPUOpError(f"{op}: {name} dtype {t.dtype} != q_nope dtype {q_nope.dtype}")
+        if t.stride(-1) != 1:
+            raise NPUOpError(f"{op}: {name} must be dense along its last axis")
+    check_dim(op, "q_nope", q_nope, 3)
+    check_dim(op, "ctkv", ctkv, 4)
+    check_contiguous(op, q_nope=q_nope, q_rope=q_rope)
+    B, N, L = q_nope.shape
+    R = q_rope.shape[-1]
+    nb, bs = ctkv.shape[:2]
+    if kv_headnum != 1 or N != q_headnum:
+        raise NPUOpError(f"{op}: MQA only (kv_headnum=1) with q_headnum={N}; got "
+                         f"kv_headnum={kv_headnum}, q_headnum={q_headnum}")
+    if q_rope.shape != (B, N, R) or ctkv.shape != (nb, bs, 1, L) \
+            or k_rope.shape != (nb, bs, 1, R):
+        raise NPUOpError(f"{op}: shapes q_nope {tuple(q_nope.shape)}, q_rope "
+                         f"{tuple(q_rope.shape)}, ctkv {tuple(ctkv.shape)}, k_rope "
+                         f"{tuple(k_rope.shape)} do not fit [B, N, L] / [B, N, R] / "
+                         "[blocks, bs, 1, L] / [blocks, bs, 1, R]")
+    if L + R > MLA_MAX_HEAD_SIZE or bs > _WIDE_HEAD_MAX_BLOCK:
+        raise NPUOpError(f"{op}: L+R={L + R} (max {MLA_MAX_HEAD_SIZE}), block_size={bs} "
+                         f"(max {_WIDE_HEAD_MAX_BLOCK})")
+    if block_tables.dtype != torch.int32 or block_tables.dim() != 2 \
+            or block_tables.shape[0] != B:
+        raise NPUOpError(f"{op}: block_tables must be int32 [B={B}, max_blocks], got "
+                         f"{block_tables.dtype} {tuple(block_tables.shape)}")
+    lens = [int(n) for n in context_lens]
+    if len(lens) != B or any(n < 0 or n > block_tables.shape[1] * bs for n in lens):
+        raise NPUOpError(f"{op}: context_lens must be {B} host ints in [0, "
+                         f"{block_tables.shape[1] * bs}], got {lens}")
+    if output is not None and (output.shape != (B, N, L) or output.dtype != q_nope.dtype):
+        raise NPUOpError(f"{op}: output must be [{B}, {N}, {L}] {q_nope.dtype}")
+    max_len = max(lens, default=0)
+    c = gather_paged(ctkv.reshape(nb, bs, L), block_tables, 1, max_len)  # [B, K, 1, L]
+    r = gather_paged(k_rope.reshape(nb, bs, R), block_tables, 1, max_len)
+    keys = torch.cat((c, r), dim=-1)
+    query = torch.cat((q_nope, q_rope), dim=-1).unsqueeze(1)
+    o, lse_rows = attend_padded(query, keys, c, torch.ones(B, dtype=torch.long),
+                                torch.tensor(lens), float(qk_scale), True, _INT_MAX, 0,
+                                want_lse=return_lse)
+    out = o[:, 0] if output is None else output.copy_(o[:, 0])
+    if not return_lse:
+        return out
+    lse_out = lse_rows[:, 0].unsqueeze(-1)
+    if lse is not None:
+        lse.copy_(lse_out)
+        lse_out = lse
+    return out, lse_out
