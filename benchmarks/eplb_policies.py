@@ -1,4 +1,5 @@
-"""Thin wrapper: ``python benchmarks/eplb_policies.py [--quick]`` == ``python -m vllm_npu.eplb.bench``."""
+"""Thin wrapper: ``python benchmarks/eplb_policies.py [--quick]`` is
+``python -m vllm_npu.eplb.bench``."""
 
 from __future__ import annotations
 

@@ -22,5 +22,6 @@ def policy_name(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def lognormal_load(rng: np.random.Generator, shape: tuple[int, ...], sigma: float = 1.0) -> np.ndarray:
+def lognormal_load(rng: np.random.Generator, shape: tuple[int, ...],
+                   sigma: float = 1.0) -> np.ndarray:
     return np.round(rng.lognormal(0.0, sigma, size=shape) * 100.0)

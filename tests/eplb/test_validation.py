@@ -80,7 +80,8 @@ def test_bad_geometry(ranks: object, slots: object, needle: str) -> None:
 
 
 def test_numpy_int_geometry_accepted() -> None:
-    out = get_policy("default").rebalance(_load(), num_ranks=np.int64(D), slots_per_rank=np.int32(S))
+    out = get_policy("default").rebalance(_load(), num_ranks=np.int64(D),
+                                          slots_per_rank=np.int32(S))
     assert out.shape == (L, D * S)
 
 

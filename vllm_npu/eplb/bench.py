@@ -50,7 +50,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m vllm_npu.eplb.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
-                   help="reduced grid: D in {32,128}, r in {1,2}, 128 tokens, moderate+stable, 4 windows")
+                   help="reduced grid: D in {32,128}, r in {1,2}, 128 tokens, moderate+stable, "
+                        "4 windows")
     p.add_argument("--ranks", type=int, nargs="+", default=[32, 64, 128])
     p.add_argument("--redundant", type=int, nargs="+", default=[1, 2])
     p.add_argument("--tokens", type=int, nargs="+", default=[16, 128, 4096])

@@ -6,6 +6,14 @@ One layer is handled at a time as a ``[D, S]`` table of expert ids::
     rank 0 [  e      e            e   ]   load(rank) = sum load[e] / cnt[e]
     rank 1 [  e      e            e   ]
     ...
+
+Cold JIT (first call without a numba cache) is kept short by two rules:
+
+* big kernels are called from Python, not from other kernels: numba
+  re-optimises a jitted callee inside every jitted caller;
+* every numpy function a kernel calls is compiled on its own (~0.2 s) for
+  each new set of argument types, so kernels allocate only with ``np.zeros``
+  and loop instead of calling ``np.ones``, ``np.argmax`` or ``np.argsort``.
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ def water_fill(load: np.ndarray, num_slots: int, max_rep: int) -> np.ndarray:
     optimal for the min-max, so it also gives the lower bound.
     """
     e_count = load.shape[0]
-    cnt = np.ones(e_count, np.int64)
+    cnt = np.zeros(e_count, np.int64)  # not np.ones: see the module docstring
+    cnt[:] = 1
     for _ in range(num_slots - e_count):
         best = -1
         best_v = -1.0
@@ -97,41 +106,35 @@ def _place_stuck(e: int, w: float, slots: np.ndarray, fill: np.ndarray,
 
 
 @njit
-def lpt_pack(weight: np.ndarray, cnt: np.ndarray, num_ranks: int, slots_per_rank: int) -> np.ndarray:
+def lpt_pack(weight: np.ndarray, cnt: np.ndarray, order: np.ndarray, num_ranks: int,
+             slots_per_rank: int) -> np.ndarray:
     """Heaviest replica first onto the least-loaded rank with room that lacks it.
 
-    ``weight[e]`` is the per-replica load of expert ``e`` (``load / cnt``).
-    Returns the ``[D, S]`` slot table.
+    ``weight[e]`` is the per-replica load of expert ``e`` (``load / cnt``) and
+    ``order`` the experts by decreasing weight, ties by id; the ``cnt[e]``
+    replicas of an expert are placed one after another.  Returns the ``[D, S]``
+    slot table.
     """
     e_count = weight.shape[0]
-    n = num_ranks * slots_per_rank
-    item_e = np.empty(n, np.int64)
-    item_w = np.empty(n)
-    k = 0
-    for e in range(e_count):
-        for _ in range(cnt[e]):
-            item_e[k] = e
-            item_w[k] = weight[e]
-            k += 1
-    order = np.argsort(-item_w, kind="mergesort")
-    slots = -np.ones((num_ranks, slots_per_rank), np.int64)
+    slots = np.zeros((num_ranks, slots_per_rank), np.int64)
+    slots[:] = -1
     fill = np.zeros(num_ranks, np.int64)
     loads = np.zeros(num_ranks)
     holds = np.zeros((num_ranks, e_count), np.bool_)
-    for i in order:
-        e = item_e[i]
-        best = -1
-        for d in range(num_ranks):
-            if fill[d] < slots_per_rank and not holds[d, e]:
-                if best < 0 or loads[d] < loads[best]:
-                    best = d
-        if best < 0:
-            _place_stuck(e, weight[e], slots, fill, loads, holds, weight)
-            continue
-        slots[best, fill[best]] = e
-        fill[best] += 1
-        holds[best, e] = True
-        loads[best] += weight[e]
+    for e in order:
+        for _ in range(cnt[e]):
+            best = -1
+            for d in range(num_ranks):
+                if fill[d] < slots_per_rank and not holds[d, e]:
+                    if best < 0 or loads[d] < loads[best]:
+                        best = d
+            if best < 0:
+                _place_stuck(e, weight[e], slots, fill, loads, holds, weight)
+                continue
+            slots[best, fill[best]] = e
+            fill[best] += 1
+            holds[best, e] = True
+            loads[best] += weight[e]
     return slots
 
 
@@ -154,7 +157,10 @@ def swap_descent(slots: np.ndarray, weight: np.ndarray, max_swaps: int,
     pair_used = np.zeros((d_count, d_count), np.int64)
     done = 0
     while done < max_swaps:
-        h = np.argmax(loads)
+        h = 0  # first hottest rank, as np.argmax
+        for d in range(1, d_count):
+            if loads[d] > loads[h]:
+                h = d
         top = loads[h]
         if top <= stop_at:
             break
@@ -201,15 +207,17 @@ def swap_descent(slots: np.ndarray, weight: np.ndarray, max_swaps: int,
     return done
 
 
-@njit
 def packed_layer(load: np.ndarray, cnt: np.ndarray, num_ranks: int, slots_per_rank: int,
                  max_swaps: int) -> np.ndarray:
-    """LPT pack for given replica counts, then swap descent (``max_swaps`` 0 skips it)."""
+    """LPT pack for given replica counts, then swap descent (``max_swaps`` 0 skips it).
+
+    Plain Python, not a kernel: see the module docstring (numba's stable argsort
+    alone cost ~2 s of cold JIT).  From Python, ``0`` / ``0.0`` are typed int64 /
+    float64 like any other value, so no second specialisation of ``swap_descent``.
+    """
     weight = load / cnt
-    slots = lpt_pack(weight, cnt, num_ranks, slots_per_rank)
+    order = np.argsort(-weight, kind="stable")  # ties by expert id
+    slots = lpt_pack(weight, cnt, order, num_ranks, slots_per_rank)
     if max_swaps > 0:
-        # pair_cap 0 (no cap) as a runtime int64: a literal 0 would make numba compile a
-        # second specialisation of swap_descent (~1 s of cold JIT).
-        no_pair_cap = max_swaps - max_swaps
-        swap_descent(slots, weight, max_swaps, 0.0, no_pair_cap)
+        swap_descent(slots, weight, max_swaps, 0.0, 0)
     return slots

@@ -25,8 +25,9 @@ def _row(label: list[str], rs: list["Result"]) -> str:
     t_mean = _mean(x for r in rs for x in r.solve_s)
     t_max = max(x for r in rs for x in r.solve_s)
     bad = sum(r.invalid for r in rs)
-    return "| " + " | ".join(label + [f"{inn:.4f}", f"{in_max:.4f}", f"{out:.4f}", f"{mv:.1f}",
-                                        f"{t_mean * 1e3:.0f}", f"{t_max * 1e3:.0f}", str(bad)]) + " |"
+    cells = [f"{inn:.4f}", f"{in_max:.4f}", f"{out:.4f}", f"{mv:.1f}",
+             f"{t_mean * 1e3:.0f}", f"{t_max * 1e3:.0f}", str(bad)]
+    return "| " + " | ".join(label + cells) + " |"
 
 
 _HEAD = ["IN mean", "IN worst layer", "OUT mean", "moves %", "solve ms mean", "solve ms max",
@@ -76,7 +77,8 @@ def write_table(results: list["Result"], jit: dict[str, float], args: argparse.N
         "",
         "## By slots per rank S (D, r)",
         "",
-        *_table(["D", "r", "S", "policy"], _group(results, "ranks", "redundant", "slots", "policy")),
+        *_table(["D", "r", "S", "policy"],
+                _group(results, "ranks", "redundant", "slots", "policy")),
         "",
         "## By drift preset",
         "",
