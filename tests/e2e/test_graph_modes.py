@@ -118,3 +118,51 @@ def test_dispatch_picks_the_smallest_captured_size(tiny_models, parity_dtype):
         assert all(runner.model.has_graph(d) for d in runner.model.entries)
     finally:
         shutdown(llm)
+
+
+# ------------------------------------------------------------------------------- MLA
+
+
+@pytest.fixture(scope="module")
+def mla_path(tmp_path_factory):
+    from vllm_npu.testing.tiny_model import build_tiny_model
+
+    return build_tiny_model(str(tmp_path_factory.mktemp("mla-graph") / "mla"),
+                            arch="deepseek_v3")
+
+
+@pytest.fixture(scope="module")
+def mla_expected(mla_path):
+    prompts, max_tokens = _workload(mla_path)
+    return [hf_greedy(mla_path, p, n) for p, n in zip(prompts, max_tokens)]
+
+
+def test_mla_decode_graphs_give_hf_tokens(mla_path, parity_dtype, mla_expected):
+    """MLA replays FULL graphs for pure-decode batches (the default FULL_DECODE_ONLY):
+    the recorded forward includes vLLM's W_UK / W_UV absorption around the attention
+    task, and the update hook refreshes the latent write and the decode attention."""
+    got, replays, updates, _, mode = _run(mla_path, parity_dtype)
+    assert mode.name == "FULL_DECODE_ONLY"
+    assert got == mla_expected
+    assert replays > 0 and updates > 0
+
+
+def test_mla_skipping_the_update_hook_breaks_decode_replay(mla_path, parity_dtype,
+                                                          mla_expected, monkeypatch):
+    from vllm_npu.attention.mla import NPUMLAImpl
+
+    monkeypatch.setattr(NPUMLAImpl, "update_graph_params", lambda *a, **k: None)
+    got, replays, _, _, _ = _run(mla_path, parity_dtype)
+    assert replays > 0
+    assert got != mla_expected
+
+
+def test_mla_full_request_keeps_mixed_batches_out_of_graphs(mla_path, parity_dtype,
+                                                            mla_expected):
+    """Asked for FULL: vLLM narrows it to what the backend declares (UNIFORM_SINGLE_TOKEN_
+    DECODE -> FULL_DECODE_ONLY); mixed batches run eagerly, tokens stay exact."""
+    got, replays, updates, _, mode = _run(mla_path, parity_dtype,
+                                          compilation_config={"cudagraph_mode": "FULL"})
+    assert mode.name == "FULL_DECODE_ONLY"
+    assert got == mla_expected
+    assert replays > 0 and updates > 0

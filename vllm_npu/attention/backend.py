@@ -116,6 +116,10 @@ class NPUAttentionMetadata:
     dcp: DCPMetadata | None = None  # decode context parallelism: this rank's context shard
 
 
+def uses_dcp(vllm_config: VllmConfig | None) -> bool:
+    return vllm_config is not None and vllm_config.parallel_config.decode_context_parallel_size > 1
+
+
 class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]):
     impl_cls: ClassVar[type]  # set below; its update_graph_params makes FULL graphs safe
 
@@ -125,7 +129,7 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
         """FULL graphs (any batch) only with the parameter-update hook: without it a
         replayed attention task keeps the capture's sequence lengths and block table.
         Not with DCP: its collectives and two-part attention have no update hook."""
-        if vllm_config.parallel_config.decode_context_parallel_size > 1:
+        if uses_dcp(vllm_config):
             return AttentionCGSupport.NEVER
         if callable(getattr(cls.impl_cls, "update_graph_params", None)):
             return AttentionCGSupport.ALWAYS

@@ -17,6 +17,10 @@ Latent KV cache of one layer (one "head" per token, as vLLM allocates MLA caches
            kv_b_proj to K = [k_nope | k_pe] and V; one fused-attention call, right-down causal
            (`NPUMLAPrefillBackend.run_prefill`)
 
+Graphs: FULL for pure-decode batches (UNIFORM_SINGLE_TOKEN_DECODE). The captured forward
+holds vLLM's absorption matmuls and two tasks per layer (latent write, decode attention);
+`update_graph_params` re-issues both for each replayed batch.
+
 Decode context parallelism (DCP of world W): the latent rows are sharded by position like
 the standard backend's K/V (`context_parallel`). vLLM's MLA layer all-gathers the absorbed
 queries of the W ranks' heads before `forward_mqa` and merges the ranks' results by lse
@@ -33,7 +37,7 @@ Batches are reordered by vLLM so that decodes (one query token) come first:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from vllm.config import VllmConfig, get_current_vllm_config
@@ -47,6 +51,7 @@ from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonPrefillMetadata,
 )
 from vllm.v1.attention.backend import (
+    AttentionCGSupport,
     AttentionLayer,
     AttentionType,
     CommonAttentionMetadata,
@@ -56,8 +61,11 @@ from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from vllm_npu import ops
+from vllm_npu.attention.backend import uses_dcp
 from vllm_npu.attention.context_parallel import gather_sharded_rows
 from vllm_npu.attention.mla_prefill import cumulative
+from vllm_npu.compilation.graph_backend import get_graph_backend
+from vllm_npu.compilation.graph_params import GRAPH_PARAMS
 
 MLA_BLOCK_SIZE = 128  # ATB's MLA paged attention: block_size <= 128 for heads > 256 wide
 MAX_LATENT_HEAD = 576  # kv_lora_rank + qk_rope_head_dim, ATB limit
@@ -144,9 +152,31 @@ class NPUMLAMetadata(MLACommonMetadata[NPUMLADecodeMetadata]):
             raise ValueError(f"NPU MLA: latent head size {self.head_dim} is not supported")
 
 
+@dataclass(frozen=True, slots=True)
+class MLATasks:
+    """One MLA layer's tasks in one captured decode graph, with the buffers they read."""
+    cache_write: Any            # task handle: _npu_reshape_and_cache_siso (None: shared KV)
+    attention: Any              # task handle: _npu_paged_attention_mla
+    rows: torch.Tensor | None   # [T, L+R] new latent rows, captured
+    query: torch.Tensor         # [B, N, L+R] absorbed decode queries, captured
+    kv_cache: torch.Tensor      # [num_blocks, bs, L+R]
+    output: torch.Tensor        # [B, N, L] where the graph reads the result
+
+
 class NPUMLAMetadataBuilder(MLACommonMetadataBuilder[NPUMLAMetadata]):
     """vLLM's MLA builder (decode/prefill split, block tables), plus the host-side lengths
     the NPU ops take as arguments."""
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config: VllmConfig,
+                              kv_cache_spec: AttentionSpec) -> AttentionCGSupport:
+        """FULL graphs for pure-decode batches only: vLLM's MLA layer splits a batch into
+        decode and prefill tokens on the host, so a captured forward keeps the capture's
+        split; NPUMLAImpl.update_graph_params refreshes the decode tasks. None with DCP
+        (its collectives and lse path have no update hook)."""
+        if uses_dcp(vllm_config):
+            return AttentionCGSupport.NEVER
+        return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
 
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str],
                  vllm_config: VllmConfig, device: torch.device):
@@ -172,7 +202,9 @@ class NPUMLAMetadataBuilder(MLACommonMetadataBuilder[NPUMLAMetadata]):
                                                      self.cp_kv_cache_interleave_size)
             meta.decode = NPUMLADecodeMetadata(
                 block_table=meta.decode.block_table.to(torch.int32),
-                seq_lens=decode_lens.to(torch.int32),
+                # A host-side argument: its own copy (a view of the runner's persistent
+                # buffer would change under a captured task, which the device never sees).
+                seq_lens=decode_lens.to(torch.int32).clone(),
                 dcp_tot_seq_lens=seq_lens_cpu[:nd] if self.dcp_world_size > 1 else None)
         if meta.prefill is not None:
             p = meta.prefill
@@ -228,6 +260,7 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
         self.supports_quant_query_input = False
         self._use_flashinfer_concat_mla_k = False
         self.latent_dim = self.kv_lora_rank + self.qk_rope_head_dim
+        self._captured_cache_task: tuple | None = None
 
     # ---- cache write -------------------------------------------------------------
     def do_kv_cache_update(self, kv_c_normed: torch.Tensor, k_pe: torch.Tensor,
@@ -240,13 +273,24 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
         n = _batch_num_tokens()
         if n is None:
             return
-        rows = torch.cat((kv_c_normed[:n], k_pe[:n].reshape(n, -1)), dim=-1)
+        rows = torch.cat((kv_c_normed[:n], k_pe[:n].reshape(n, -1)), dim=-1).to(kv_cache.dtype)
+        backend = get_graph_backend()
+        if backend.is_capturing():
+            # The dummy batch is not stored; update_graph_params issues each replay's write.
+            stream = backend.current_stream()
+            backend.task_group_begin(stream)
+            self._write_rows(rows[:0], kv_cache, slot_mapping[:0].to(torch.int32))
+            self._captured_cache_task = (backend.task_group_end(stream), rows)
+            return
         slots = slot_mapping[:n].to(torch.int32)
-        if self.dcp_world_size > 1:  # tokens stored on other DCP ranks have slot -1
+        if (slots < 0).any():  # PAD_SLOT_ID: graph padding, other DCP ranks' tokens
             local = slots >= 0
             rows, slots = rows[local], slots[local]
-        ops._npu_reshape_and_cache_siso(rows.to(kv_cache.dtype).unsqueeze(1),
-                                        kv_cache.unsqueeze(2), slots)
+        self._write_rows(rows, kv_cache, slots)
+
+    @staticmethod
+    def _write_rows(rows: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> None:
+        ops._npu_reshape_and_cache_siso(rows.unsqueeze(1), kv_cache.unsqueeze(2), slots)
 
     # ---- prefill: expand latents, dense causal attention ---------------------------
     def _gather_latents(self, kv_cache: torch.Tensor, block_row: torch.Tensor,
@@ -316,10 +360,43 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
             out, lse = self._decode_with_lse(query, kv_c_and_k_pe_cache, d)
             return out.to(act_dtype), lse
         out = query.new_empty(query.shape[0], self.num_heads, self.kv_lora_rank)
-        ops._npu_paged_attention_mla(query, kv_c_and_k_pe_cache.unsqueeze(2), 1,
-                                     self.num_heads, self.scale, d.block_table, d.seq_lens,
-                                     self.kv_lora_rank, out)
+        backend = get_graph_backend()
+        if not backend.is_capturing():
+            self._decode(query, kv_c_and_k_pe_cache, d.block_table, d.seq_lens, out)
+            return out.to(act_dtype), None
+        stream = backend.current_stream()
+        backend.task_group_begin(stream)
+        self._decode(query, kv_c_and_k_pe_cache, d.block_table, d.seq_lens, out)
+        attention = backend.task_group_end(stream)
+        cache_write, rows = self._captured_cache_task or (None, None)
+        self._captured_cache_task = None
+        GRAPH_PARAMS.register(get_forward_context().batch_descriptor, layer.layer_name,
+                              MLATasks(cache_write=cache_write, attention=attention, rows=rows,
+                                       query=query, kv_cache=kv_c_and_k_pe_cache, output=out))
         return out.to(act_dtype), None
+
+    def _decode(self, query: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
+                seq_lens: torch.Tensor, out: torch.Tensor) -> None:
+        """The decode attention call, shared by eager runs, capture and task updates."""
+        ops._npu_paged_attention_mla(query, cache.unsqueeze(2), 1, self.num_heads, self.scale,
+                                     block_table, seq_lens, self.kv_lora_rank, out)
+
+    def update_graph_params(self, backend, stream, tasks: MLATasks,
+                            meta: NPUMLAMetadata) -> None:
+        """Re-issue this layer's captured tasks for a new pure-decode batch (before a FULL
+        replay): the latent write of its tokens, then attention over its lengths."""
+        slots = meta.slot_mapping[:meta.num_actual_tokens].to(torch.int32)
+        n = int((slots >= 0).sum())  # the graph's padding tokens trail, with PAD_SLOT_ID
+        if tasks.cache_write is not None:
+            backend.task_update_begin(stream, tasks.cache_write)
+            self._write_rows(tasks.rows[:n], tasks.kv_cache, slots[:n])
+            backend.task_update_end(stream)
+        d = meta.decode
+        b = int((d.seq_lens > 0).sum())  # padding requests trail, with length 0
+        backend.task_update_begin(stream, tasks.attention)
+        self._decode(tasks.query[:b], tasks.kv_cache, d.block_table[:b], d.seq_lens[:b],
+                     tasks.output[:b])
+        backend.task_update_end(stream)
 
     def _decode_with_lse(self, query: torch.Tensor, cache: torch.Tensor,
                          d: NPUMLADecodeMetadata):

@@ -61,10 +61,12 @@ class _State(threading.local):
 
 
 _state = _State()
-# vLLM's attention custom ops are opaque containers: their effects are recorded as the
-# op-surface calls (tasks) they make, never as one frozen call.
+# vLLM's attention custom ops are opaque containers: never recorded as one frozen call;
+# what they run inside is (op-surface calls as tasks, other aten ops as entries, e.g. MLA's
+# weight-absorption matmuls around its attention task).
 _OPAQUE_NAMESPACE = "vllm"
 _OPAQUE_PREFIX = "unified_"
+_OPAQUE_KERNEL_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 
 def _is_opaque(func) -> bool:
@@ -80,9 +82,13 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _is_opaque(func):
+            # Run the op's CPU kernel directly with this mode active again, so the ops it
+            # runs are seen here (dispatching `func` itself would come back to this mode).
+            with self:
+                return func.redispatch(_OPAQUE_KERNEL_KEYS, *args, **kwargs)
         out = func(*args, **kwargs)
-        if not _is_opaque(func):
-            self.graph.entries.append(_Entry(func, args, kwargs, out))
+        self.graph.entries.append(_Entry(func, args, kwargs, out))
         return out
 
 
