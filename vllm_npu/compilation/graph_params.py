@@ -3,10 +3,11 @@ the refresh the runner runs before every replay.
 
 A captured attention layer owns two tasks (KV-cache write, attention; `AttentionTasks`
 here, `MLATasks` for the MLA backend's decode graphs) whose host-side arguments — slot
-mapping, block table, sequence lengths — describe the capture's dummy batch. Before a replay, `update_attention_tasks` re-issues both ops for the new batch on
-an update stream through `task_update_begin/end`, then records an event that the replay
-waits on. A backend without `update_graph_params` cannot do this, and its builder declares
-no FULL-graph support, so vLLM never gives it FULL mode.
+mapping, block table, sequence lengths — describe the capture's dummy batch. Before a
+replay, `update_attention_tasks` re-issues both ops for the new batch on an update stream
+through `task_update_begin/end`, then records an event that the replay waits on. A
+backend without `update_graph_params` cannot do this, and its builder declares no
+FULL-graph support, so vLLM never gives it FULL mode.
 """
 from __future__ import annotations
 
