@@ -217,6 +217,12 @@ class NPUPlatform(Platform):
                 f"{[i for i in range(1, block + 1) if block % i == 0]}")
 
         model = vllm_config.model_config
+        window = model.get_sliding_window() if model is not None else None
+        if parallel.decode_context_parallel_size > 1 and window:
+            raise ValueError(
+                f"--decode-context-parallel-size {parallel.decode_context_parallel_size} "
+                f"with sliding-window attention (window {window}) is not supported on the "
+                "NPU platform; valid: 1")
         if model is not None and not SIMULATED:
             cls.check_if_supports_dtype(model.dtype)
 

@@ -23,6 +23,7 @@ MODELS = {  # name -> build_tiny_model arguments
                       qk_nope_head_dim=32, v_head_dim=32),
     "mla-dsv3": dict(arch="deepseek_v3", kv_lora_rank=512, qk_rope_head_dim=64,
                      qk_nope_head_dim=128, v_head_dim=128, q_lora_rank=96),
+    "mistral-mqa": dict(arch="mistral", num_key_value_heads=1, sliding_window=48),
 }
 
 
@@ -32,11 +33,6 @@ def models(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("dcp")
     return lambda name: build_tiny_model(str(root / name), **MODELS[name])
-
-
-@pytest.fixture(scope="module")
-def mqa_llama(models):
-    return models("llama-mqa")
 
 
 def _count_dcp_work(worker) -> None:
@@ -108,15 +104,19 @@ def test_dcp2_on_tp2_matches_hf(models, parity_dtype, model, interleave):
     assert all(s["lse_calls"] > 0 for s in stats)  # the sharded context was merged
 
 
-@pytest.mark.parametrize("args,match", [
-    (dict(tensor_parallel_size=2, decode_context_parallel_size=2,
-          cp_kv_cache_interleave_size=48), "interleave-size 48 does not divide"),
-    (dict(tensor_parallel_size=1, prefill_context_parallel_size=2),
+@pytest.mark.parametrize("model,args,match", [
+    ("llama-mqa", dict(decode_context_parallel_size=2, cp_kv_cache_interleave_size=48),
+     "interleave-size 48 does not divide"),
+    ("llama-mqa", dict(prefill_context_parallel_size=2, tensor_parallel_size=1),
      "prefill-context-parallel-size 2 is not supported"),
+    ("mistral-mqa", dict(decode_context_parallel_size=2),
+     "sliding-window attention \\(window 48\\) is not supported"),
 ])
-def test_unsupported_context_parallel_fails_at_startup(mqa_llama, args, match):
+def test_unsupported_context_parallel_fails_at_startup(models, model, args, match):
+    """Refused while the configuration is built: no worker is started."""
     with pytest.raises(ValueError, match=match):
-        make_llm(mqa_llama, "float32", distributed_executor_backend="mp", **args)
+        make_llm(models(model), "float32", distributed_executor_backend="mp",
+                 **({"tensor_parallel_size": 2} | args))
 
 
 def test_dcp_needs_more_tp_ranks_than_kv_heads(tiny_models):
@@ -125,3 +125,18 @@ def test_dcp_needs_more_tp_ranks_than_kv_heads(tiny_models):
     with pytest.raises(ValueError, match="greater than the model's total number of KV"):
         make_llm(tiny_models["llama"], "float32", tensor_parallel_size=2,
                  decode_context_parallel_size=2, distributed_executor_backend="mp")
+
+
+def test_dcp2_on_tp4_matches_hf(tiny_models, parity_dtype):
+    """DCP narrower than TP: ranks {0,1} and {2,3} form two DCP groups, each replicating
+    one of the model's two KV heads and sharding its cache by position."""
+    path = tiny_models["llama"]  # 4 query heads / 2 KV heads: one query head per rank
+    prompts = [random_prompt(80 + i, n, vocab(path)) for i, n in enumerate((40, 270))]
+    llm = make_llm(path, parity_dtype, tensor_parallel_size=4,
+                   decode_context_parallel_size=2, distributed_executor_backend="mp",
+                   enable_sleep_mode=False)
+    try:
+        got = generate(llm, prompts, 12)
+    finally:
+        shutdown(llm)
+    assert got == [hf_greedy(path, p, 12) for p in prompts]
