@@ -66,7 +66,11 @@ def _count_dcp_work(worker) -> None:
 
 
 def _dcp_stats(worker) -> dict:
-    return worker.dcp_stats
+    from vllm_npu.compilation.acl_graph import ACLGraphWrapper
+    from vllm_npu.compilation.graph_params import GRAPH_PARAMS
+
+    return worker.dcp_stats | {"replays": ACLGraphWrapper.stats.replays,
+                               "updates": GRAPH_PARAMS.updates}
 
 
 @pytest.mark.parametrize("model,interleave", [
@@ -102,6 +106,10 @@ def test_dcp2_on_tp2_matches_hf(models, parity_dtype, model, interleave):
         assert s["stored"] == 2 * sum((p // interleave) % 2 == rank
                                       for r in computed for p in r)
     assert all(s["lse_calls"] > 0 for s in stats)  # the sharded context was merged
+    # Decode steps replayed FULL graphs with refreshed tasks (standard backend); MLA runs
+    # DCP eagerly.
+    graphs = model.startswith("llama")
+    assert all((s["replays"] > 0 and s["updates"] > 0) == graphs for s in stats)
 
 
 @pytest.mark.parametrize("model,args,match", [
@@ -140,3 +148,33 @@ def test_dcp2_on_tp4_matches_hf(tiny_models, parity_dtype):
     finally:
         shutdown(llm)
     assert got == [hf_greedy(path, p, 12) for p in prompts]
+
+
+def _skip_graph_updates(worker) -> None:
+    from vllm_npu.attention.backend import NPUAttentionImpl
+
+    NPUAttentionImpl.update_graph_params = lambda *args, **kwargs: None
+
+
+def test_dcp_decode_graphs_need_the_update_hook(models, parity_dtype):
+    """Replaying DCP decode graphs with the capture's context lengths and block tables
+    (hook skipped in the workers) gives wrong tokens: the hook is what makes them exact."""
+    path = models("llama-mqa")
+    prompts = [random_prompt(90 + i, n, vocab(path)) for i, n in enumerate((30, 200))]
+    llm = make_llm(path, parity_dtype, tensor_parallel_size=2,
+                   decode_context_parallel_size=2, distributed_executor_backend="mp",
+                   enable_sleep_mode=False)
+    try:
+        llm.collective_rpc(_skip_graph_updates)
+        got = generate(llm, prompts, 12)
+        replays = [s["replays"] for s in llm.collective_rpc(_replays)]
+    finally:
+        shutdown(llm)
+    assert all(r > 0 for r in replays)
+    assert got != [hf_greedy(path, p, 12) for p in prompts]
+
+
+def _replays(worker) -> dict:
+    from vllm_npu.compilation.acl_graph import ACLGraphWrapper
+
+    return {"replays": ACLGraphWrapper.stats.replays}

@@ -128,12 +128,13 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
                               kv_cache_spec: AttentionSpec) -> AttentionCGSupport:
         """FULL graphs (any batch) only with the parameter-update hook: without it a
         replayed attention task keeps the capture's sequence lengths and block table.
-        Not with DCP: its collectives and two-part attention have no update hook."""
-        if uses_dcp(vllm_config):
+        With DCP, pure-decode batches only: whether a batch has cached context (and so
+        runs the context path with its collectives) is decided on the host."""
+        if not callable(getattr(cls.impl_cls, "update_graph_params", None)):
             return AttentionCGSupport.NEVER
-        if callable(getattr(cls.impl_cls, "update_graph_params", None)):
-            return AttentionCGSupport.ALWAYS
-        return AttentionCGSupport.NEVER
+        if uses_dcp(vllm_config):
+            return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+        return AttentionCGSupport.ALWAYS
 
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str],
                  vllm_config: VllmConfig, device: torch.device):
@@ -251,33 +252,49 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         )
 
     def _attend_dcp(self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    kv_cache: torch.Tensor, meta: NPUAttentionMetadata,
-                    out: torch.Tensor) -> None:
-        """Context shard (all DCP ranks' heads, merged over ranks) + new tokens, merged."""
-        dcp = meta.dcp
-        new_out, new_lse = ops.npu_fused_infer_attention_score(
-            q, key.contiguous(), value.contiguous(), atten_mask=meta.attn_mask,
-            actual_seq_lengths=meta.query_ends, actual_seq_lengths_kv=meta.query_ends,
-            num_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
-            scale=self.scale, input_layout="TND", sparse_mode=3, softmax_lse_flag=True)
-        if not dcp.any_context:
+                    kv_cache: torch.Tensor, meta: NPUAttentionMetadata, out: torch.Tensor,
+                    backend=None) -> tuple | None:
+        """Context shard (all DCP ranks' heads, merged over ranks) + new tokens, merged.
+
+        Under graph capture (`backend` given) the two attention calls are separate tasks
+        and the context path is always taken; returns (new-token task, context task,
+        gathered query) for update_graph_params."""
+        new_task, (new_out, new_lse) = _as_task(backend, self._dcp_new_tokens, q, key, value,
+                                                meta)
+        if backend is None and not meta.dcp.any_context:
             out.copy_(new_out)
-            return
+            return None
         from vllm.distributed import get_dcp_group
 
         group = get_dcp_group()
         q_all = group.all_gather(q.contiguous(), dim=1)  # [T, W*H, D]
-        k_plane, v_plane = self._planes(kv_cache)
-        # The cached context precedes every new token: no mask.
-        ctx_out, ctx_lse = ops.npu_fused_infer_attention_score(
-            q_all, k_plane, v_plane, actual_seq_lengths=meta.query_ends,
-            actual_seq_lengths_kv=dcp.local_context_lens, block_table=meta.block_table,
-            num_heads=q_all.shape[1], num_key_value_heads=self.num_kv_heads,
-            scale=self.scale, input_layout="TND", block_size=k_plane.shape[1],
-            softmax_lse_flag=True)
+        ctx_task, (ctx_out, ctx_lse) = _as_task(backend, self._dcp_context, q_all, kv_cache,
+                                                meta)
         ctx_out, ctx_lse = combine_over_ranks(group, ctx_out, ctx_lse[..., 0], self.num_heads)
         merged, _ = merge_partials([ctx_out, new_out], [ctx_lse, new_lse[..., 0]])
         out.copy_(merged)
+        return new_task, ctx_task, q_all
+
+    def _dcp_new_tokens(self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        meta: NPUAttentionMetadata):
+        """This step's tokens, which every DCP rank holds in full: causal, with lse."""
+        return ops.npu_fused_infer_attention_score(
+            q, key, value, atten_mask=meta.attn_mask, actual_seq_lengths=meta.query_ends,
+            actual_seq_lengths_kv=meta.query_ends, num_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads, scale=self.scale, input_layout="TND",
+            sparse_mode=3, softmax_lse_flag=True)
+
+    def _dcp_context(self, q_all: torch.Tensor, kv_cache: torch.Tensor,
+                     meta: NPUAttentionMetadata):
+        """The gathered heads over this rank's context shard. The cached context precedes
+        every new token: no mask."""
+        k_plane, v_plane = self._planes(kv_cache)
+        return ops.npu_fused_infer_attention_score(
+            q_all, k_plane, v_plane, actual_seq_lengths=meta.query_ends,
+            actual_seq_lengths_kv=meta.dcp.local_context_lens, block_table=meta.block_table,
+            num_heads=q_all.shape[1], num_key_value_heads=self.num_kv_heads,
+            scale=self.scale, input_layout="TND", block_size=k_plane.shape[1],
+            softmax_lse_flag=True)
 
     def _kind(self, meta: NPUAttentionMetadata, capturing_desc) -> str:
         # A graph captured for a uniform-decode BatchDescriptor only ever replays pure
@@ -320,28 +337,36 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         if attn_metadata is None:  # profile / dummy run
             return output
         n = attn_metadata.num_actual_tokens
-        if attn_metadata.dcp is not None:
-            self._attend_dcp(query[:n], key[:n], value[:n], kv_cache, attn_metadata,
-                             output[:n])
-            return output
         backend = get_graph_backend()
-        if not backend.is_capturing():
+        capturing = backend.is_capturing()
+        if attn_metadata.dcp is not None:
+            new_k, new_v = key[:n].contiguous(), value[:n].contiguous()
+            tasks = self._attend_dcp(query[:n], new_k, new_v, kv_cache, attn_metadata,
+                                     output[:n], backend if capturing else None)
+            if capturing:
+                new_task, ctx_task, q_all = tasks
+                self._register_tasks(layer, "dcp", new_task, query[:n], kv_cache, output[:n],
+                                     dcp=(ctx_task, new_k, new_v, q_all))
+            return output
+        if not capturing:
             self._attend(self._kind(attn_metadata, None), query[:n], kv_cache, attn_metadata,
                          output[:n])
             return output
-        desc = get_forward_context().batch_descriptor
-        kind = self._kind(attn_metadata, desc)
-        stream = backend.current_stream()
-        backend.task_group_begin(stream)
-        self._attend(kind, query[:n], kv_cache, attn_metadata, output[:n])
-        attention = backend.task_group_end(stream)
+        kind = self._kind(attn_metadata, get_forward_context().batch_descriptor)
+        attention, _ = _as_task(backend, self._attend, kind, query[:n], kv_cache,
+                                attn_metadata, output[:n])
+        self._register_tasks(layer, kind, attention, query[:n], kv_cache, output[:n])
+        return output
+
+    def _register_tasks(self, layer: AttentionLayer, kind: str, attention, query: torch.Tensor,
+                        kv_cache: torch.Tensor, output: torch.Tensor, dcp=None) -> None:
         # A layer sharing another layer's KV cache writes nothing: no cache task.
         cache_write, key_n, value_n = self._captured_cache_task or (None, None, None)
         self._captured_cache_task = None
-        GRAPH_PARAMS.register(desc, layer.layer_name, AttentionTasks(
-            cache_write=cache_write, attention=attention, kind=kind, query=query[:n],
-            key=key_n, value=value_n, kv_cache=kv_cache, output=output[:n]))
-        return output
+        GRAPH_PARAMS.register(get_forward_context().batch_descriptor, layer.layer_name,
+                              AttentionTasks(cache_write=cache_write, attention=attention,
+                                             kind=kind, query=query, key=key_n, value=value_n,
+                                             kv_cache=kv_cache, output=output, dcp=dcp))
 
     def update_graph_params(self, backend, stream, tasks: AttentionTasks,
                             meta: NPUAttentionMetadata) -> None:
@@ -350,9 +375,29 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
             backend.task_update_begin(stream, tasks.cache_write)
             self._write_cache(tasks.key, tasks.value, tasks.kv_cache, meta)
             backend.task_update_end(stream)
+        if tasks.kind != "dcp":
+            backend.task_update_begin(stream, tasks.attention)
+            self._attend(tasks.kind, tasks.query, tasks.kv_cache, meta, tasks.output)
+            backend.task_update_end(stream)
+            return
+        ctx_task, new_k, new_v, q_all = tasks.dcp
         backend.task_update_begin(stream, tasks.attention)
-        self._attend(tasks.kind, tasks.query, tasks.kv_cache, meta, tasks.output)
+        self._dcp_new_tokens(tasks.query, new_k, new_v, meta)
         backend.task_update_end(stream)
+        backend.task_update_begin(stream, ctx_task)
+        self._dcp_context(q_all, tasks.kv_cache, meta)
+        backend.task_update_end(stream)
+
+
+def _as_task(backend, fn, *args):
+    """fn(*args), as one task group of the graph being captured when `backend` is given:
+    returns (task handle or None, fn's result)."""
+    if backend is None:
+        return None, fn(*args)
+    stream = backend.current_stream()
+    backend.task_group_begin(stream)
+    result = fn(*args)
+    return backend.task_group_end(stream), result
 
 
 NPUAttentionMetadataBuilder.impl_cls = NPUAttentionImpl

@@ -25,12 +25,13 @@ class AttentionTasks:
     """One attention layer's tasks in one captured graph, with the buffers they read."""
     cache_write: Any            # task handle: _npu_reshape_and_cache (None: shared KV layer)
     attention: Any              # task handle: the attention op
-    kind: Literal["paged_decode", "fused"]
+    kind: Literal["paged_decode", "fused", "dcp"]  # dcp: `attention` = new-token task
     query: torch.Tensor         # [T, H, D]    captured input
     key: torch.Tensor | None    # [T, Hkv, D]  new tokens' K, captured input
     value: torch.Tensor | None  # [T, Hkv, D]
     kv_cache: torch.Tensor      # [num_blocks, 2, block_size, Hkv*D]
     output: torch.Tensor        # [T, H, D]    where the graph reads the result
+    dcp: tuple | None = None    # (context task, new K, new V, gathered query) with DCP
 
 
 class GraphParams:
