@@ -132,7 +132,7 @@ def _split_call(query, cache, bt, lens, L, scale, **kw):
     calls it under decode context parallelism."""
     B, N, _ = query.shape
     out = torch.full((B, N, L), 7.0, dtype=query.dtype)
-    lse = torch.empty(B, N, 1)
+    lse = torch.empty(B, N, 1, dtype=query.dtype)
     ret = npu_multi_head_latent_attention(
         query[..., :L].contiguous(), query[..., L:].contiguous(), cache[..., :L],
         cache[..., L:], bt, lens, N, scale, 1, output=out, lse=lse, **kw)
@@ -154,7 +154,8 @@ def test_latent_attention_with_lse_matches_reference(dims, dtype):
         (query[b].float() @ torch.cat([cache[int(bt[b, p // BS]), p % BS]
                                        for p in range(n)]).float().T) * 0.07, -1)
         for b, n in enumerate(lens)])
-    torch.testing.assert_close(lse[..., 0], ref_lse, **TOL[dtype])
+    assert lse.dtype == dtype
+    torch.testing.assert_close(lse[..., 0].float(), ref_lse, **TOL[dtype])
 
 
 def test_latent_attention_empty_shard_gives_zero_and_minus_inf():

@@ -407,9 +407,9 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
         q_nope, q_rope = query.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
         rows = cache.unsqueeze(2)
         out = query.new_empty(b, heads, self.kv_lora_rank)
-        lse = torch.empty(b, heads, 1, dtype=torch.float32, device=query.device)
+        lse = query.new_empty(b, heads, 1)  # the op writes lse in the query dtype
         ops.npu_multi_head_latent_attention(
             q_nope.contiguous(), q_rope.contiguous(), rows[..., :self.kv_lora_rank],
             rows[..., self.kv_lora_rank:], d.block_table, d.seq_lens.tolist(), heads,
             self.scale, 1, calc_type="calc_type_ring", return_lse=True, output=out, lse=lse)
-        return out, lse[..., 0]
+        return out, lse[..., 0].float()

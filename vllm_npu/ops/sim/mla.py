@@ -136,8 +136,8 @@ def npu_multi_head_latent_attention(q_nope: torch.Tensor, q_rope: torch.Tensor,
     feature axis must be dense); context_lens: host ints [B], each request's kv length,
     0 allowed (a context-parallel rank holding none of the request: output 0, lse -inf).
     scores = (q_nope . ctkv + q_rope . k_rope) * qk_scale; output = softmax @ ctkv
-    [B, N, L]. With calc_type "calc_type_ring" and return_lse, also lse [B, N, 1] float32
-    (the device returns it in the query dtype; float32 here keeps CPU parity exact).
+    [B, N, L]. With calc_type "calc_type_ring" and return_lse, also lse [B, N, 1] in the
+    query dtype, as the device writes it.
     """
     op = "npu_multi_head_latent_attention"
     used = {k: v for k, v in unsupported.items() if v is not None}
@@ -182,6 +182,8 @@ def npu_multi_head_latent_attention(q_nope: torch.Tensor, q_rope: torch.Tensor,
                          f"{block_tables.shape[1] * bs}], got {lens}")
     if output is not None and (output.shape != (B, N, L) or output.dtype != q_nope.dtype):
         raise NPUOpError(f"{op}: output must be [{B}, {N}, {L}] {q_nope.dtype}")
+    if lse is not None and (lse.shape != (B, N, 1) or lse.dtype != q_nope.dtype):
+        raise NPUOpError(f"{op}: lse must be [{B}, {N}, 1] {q_nope.dtype}")
     max_len = max(lens, default=0)
     c = gather_paged(ctkv.reshape(nb, bs, L), block_tables, 1, max_len)  # [B, K, 1, L]
     r = gather_paged(k_rope.reshape(nb, bs, R), block_tables, 1, max_len)
@@ -193,7 +195,7 @@ def npu_multi_head_latent_attention(q_nope: torch.Tensor, q_rope: torch.Tensor,
     out = o[:, 0] if output is None else output.copy_(o[:, 0])
     if not return_lse:
         return out
-    lse_out = lse_rows[:, 0].unsqueeze(-1)
+    lse_out = lse_rows[:, 0].unsqueeze(-1).to(q_nope.dtype)
     if lse is not None:
         lse.copy_(lse_out)
         lse_out = lse
