@@ -186,13 +186,7 @@ class NPUPlatform(Platform):
                 + "; use --distributed-executor-backend ray for multi-node serving")
 
         if parallel.prefill_context_parallel_size > 1:
-            # vLLM 0.33 splits prefill tokens over PCP ranks only in its V2 model runner,
-            # which needs Triton kernels; the NPU runner extends the V1 runner.
-            raise ValueError(
-                f"--prefill-context-parallel-size {parallel.prefill_context_parallel_size} "
-                "is not supported on the NPU platform (vLLM 0.33's V1 model runner has no "
-                "prefill context parallelism); valid: 1. Use "
-                "--decode-context-parallel-size to shard long contexts' KV cache.")
+            cls._check_prefill_context_parallel(vllm_config)
 
         # Async scheduling needs device streams/events the V1 runner borrows from CUDA.
         # (vLLM turns it on by default before the platform defaults run, so switch here.)
@@ -225,6 +219,29 @@ class NPUPlatform(Platform):
                 "NPU platform; valid: 1")
         if model is not None and not SIMULATED:
             cls.check_if_supports_dtype(model.dtype)
+
+    @classmethod
+    def _check_prefill_context_parallel(cls, vllm_config: "VllmConfig") -> None:
+        """PCP (the NPU runner's token slicing) covers the paged backend without PP/DCP;
+        it runs eagerly (a graph would freeze one slicing of the batch)."""
+        from vllm.config.compilation import CUDAGraphMode
+
+        parallel, model = vllm_config.parallel_config, vllm_config.model_config
+        pcp = parallel.prefill_context_parallel_size
+        reasons = [why for bad, why in (
+            (parallel.pipeline_parallel_size > 1, "pipeline parallelism"),
+            (parallel.decode_context_parallel_size > 1, "decode context parallelism"),
+            (model is not None and model.use_mla, "MLA models"),
+            (vllm_config.speculative_config is not None, "speculative decoding"),
+        ) if bad]
+        if reasons:
+            raise ValueError(f"--prefill-context-parallel-size {pcp} is not supported on the "
+                             f"NPU platform together with {reasons}")
+        compilation = vllm_config.compilation_config
+        if compilation.cudagraph_mode not in (None, CUDAGraphMode.NONE):
+            logger.info("vllm_npu: prefill context parallelism runs eagerly; "
+                        "cudagraph_mode %s -> NONE", compilation.cudagraph_mode.name)
+            compilation.cudagraph_mode = CUDAGraphMode.NONE
 
     @classmethod
     def apply_config_platform_defaults(cls, vllm_config: "VllmConfig") -> None:

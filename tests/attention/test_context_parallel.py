@@ -249,3 +249,42 @@ def test_cp_correction_kernel_override_through_vllm(is_base_e):
     torch.testing.assert_close(corrected, expect_in * factor[..., None])
     assert (corrected[0] == 0).all() and (corrected[3, 1] == 0).all()
     assert CorrectAttnCPOutKernel.kernel.func is correct_attn_cp_out
+
+
+# ------------------------------------------------------------- prefill context parallel
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("num_tokens", [1, 2, 7, 64, 65])
+def test_pcp_token_ranges_tile_the_batch(world, num_tokens):
+    from vllm_npu.attention.prefill_context_parallel import slice_sizes, token_range
+
+    ranges = [token_range(num_tokens, world, r) for r in range(world)]
+    assert ranges[0][0] == 0 and ranges[-1][1] == num_tokens
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    sizes = slice_sizes(num_tokens, world)
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == num_tokens
+
+
+def test_pcp_pieces_give_each_query_row_its_causal_keys():
+    """Every local query row's right-down causal window (kv_len - q_len + i) ends at the
+    row's own position in its request: context + index of the token among new tokens."""
+    from vllm_npu.attention.prefill_context_parallel import build_pcp_metadata
+
+    q_lens, contexts = [5, 2, 6, 1], [0, 130, 7, 40]
+    qsl = [0, 5, 7, 13, 14]
+    seq = [c + q for c, q in zip(contexts, q_lens)]
+    positions = [contexts[r] + i for r, q in enumerate(q_lens) for i in range(q)]
+    owner = [r for r, q in enumerate(q_lens) for _ in range(q)]
+    for world in (2, 3):
+        seen = []
+        for rank in range(world):
+            m = build_pcp_metadata(qsl, seq, 14, world, rank)
+            starts = [0] + m.query_ends[:-1]
+            for s, e, kv, r in zip(starts, m.query_ends, m.kv_lens, m.rows.tolist()):
+                for i in range(e - s):
+                    token = m.start + s + i
+                    assert owner[token] == r
+                    assert kv - (e - s) + i == positions[token]  # last key it may see
+                    seen.append(token)
+        assert seen == list(range(14))  # the ranks' pieces cover the batch once, in order

@@ -1,11 +1,15 @@
-"""Decode context parallelism end to end: `--decode-context-parallel-size 2` on TP=2 (vLLM's
-multiprocessing executor, collectives through the CPU HCCL simulator), greedy float32
-tokens identical to HF transformers (which test_offline_parity shows equals TP=1).
+"""Context parallelism end to end (vLLM's multiprocessing executor, collectives through the
+CPU HCCL simulator): greedy float32 tokens identical to HF transformers (which
+test_offline_parity shows equals one device).
 
-Standard attention: a model with one KV head, which TP=2 replicates and DCP=2 shards by
+Decode CP (`--decode-context-parallel-size 2` on TP=2 and TP=4):
+standard attention on a model with one KV head, which TP=2 replicates and DCP=2 shards by
 position. MLA (DeepSeek-V3 style, small and real attention dims): the one latent "head" is
 sharded the same way; vLLM's MLA layer gathers query heads and merges the ranks' decode
 outputs, the backend gathers context latents for prefill.
+
+Prefill CP (`--prefill-context-parallel-size 2` on TP=1 and TP=2, paged backend): each
+PCP rank runs the model on its slice of every batch's tokens; the KV cache is replicated.
 """
 from __future__ import annotations
 
@@ -115,8 +119,12 @@ def test_dcp2_on_tp2_matches_hf(models, parity_dtype, model, interleave):
 @pytest.mark.parametrize("model,args,match", [
     ("llama-mqa", dict(decode_context_parallel_size=2, cp_kv_cache_interleave_size=48),
      "interleave-size 48 does not divide"),
-    ("llama-mqa", dict(prefill_context_parallel_size=2, tensor_parallel_size=1),
-     "prefill-context-parallel-size 2 is not supported"),
+    ("llama-mqa", dict(prefill_context_parallel_size=2, decode_context_parallel_size=2),
+     "together with \\['decode context parallelism'\\]"),
+    ("llama-mqa", dict(prefill_context_parallel_size=2, pipeline_parallel_size=2,
+                       tensor_parallel_size=1), "together with \\['pipeline parallelism'\\]"),
+    ("mla-small", dict(prefill_context_parallel_size=2, tensor_parallel_size=1),
+     "together with \\['MLA models'\\]"),
     ("mistral-mqa", dict(decode_context_parallel_size=2),
      "sliding-window attention \\(window 48\\) is not supported"),
 ])
@@ -178,3 +186,67 @@ def _replays(worker) -> dict:
     from vllm_npu.compilation.acl_graph import ACLGraphWrapper
 
     return {"replays": ACLGraphWrapper.stats.replays}
+
+
+# ------------------------------------------------------------- prefill context parallel
+
+
+def _count_pcp_work(worker) -> None:
+    """Wrap, in this worker, the KV write (rows stored) and the attention calls (query
+    rows attended)."""
+    from vllm_npu import ops
+
+    stats = {"stored": 0, "query_rows": 0}
+    write, attend = ops._npu_reshape_and_cache, ops.npu_fused_infer_attention_score_out
+
+    def counting_write(key, value, key_cache, value_cache, slots):
+        stats["stored"] += int((slots >= 0).sum())
+        return write(key, value, key_cache, value_cache, slots)
+
+    def counting_attend(query, *args, **kwargs):
+        stats["query_rows"] += query.shape[0]
+        return attend(query, *args, **kwargs)
+
+    ops._npu_reshape_and_cache = counting_write
+    ops.npu_fused_infer_attention_score_out = counting_attend
+    worker.pcp_stats = stats
+
+
+def _pcp_stats(worker) -> dict:
+    return worker.pcp_stats | {
+        "cudagraph_mode": worker.model_runner.compilation_config.cudagraph_mode.name}
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_pcp2_matches_hf(tiny_models, parity_dtype, tp):
+    """--prefill-context-parallel-size 2: each PCP rank runs the model on half of every
+    batch's tokens (chunked prefills with cached context, decodes, a prefix-cache hit);
+    tokens equal HF, each rank attended about half of the query rows and stored every
+    token (the cache is replicated)."""
+    path = tiny_models["llama"]
+    v = vocab(path)
+    prompts = [random_prompt(110 + i, n, v) for i, n in enumerate((5, 130, 300))]
+    shared = prompts[2][:260] + random_prompt(119, 20, v)
+    llm = make_llm(path, parity_dtype, tensor_parallel_size=tp,
+                   prefill_context_parallel_size=2, distributed_executor_backend="mp",
+                   enable_sleep_mode=False)
+    try:
+        llm.collective_rpc(_count_pcp_work)
+        got = generate(llm, prompts, 16)
+        hits_before = metric(llm, "vllm:prefix_cache_hits")
+        got_shared = generate(llm, [shared], 8)
+        hits = metric(llm, "vllm:prefix_cache_hits") - hits_before
+        stats = llm.collective_rpc(_pcp_stats)
+    finally:
+        shutdown(llm)
+    assert got == [hf_greedy(path, p, 16) for p in prompts]
+    assert got_shared == [hf_greedy(path, shared, 8)]
+    assert hits == 2 * BLOCK
+    computed = sum(len(p) + 16 - 1 for p in prompts) + len(shared) - hits + 8 - 1
+    assert len(stats) == 2 * tp
+    for s in stats:
+        assert s["cudagraph_mode"] == "NONE"
+        assert s["stored"] == 2 * computed  # every token, both layers, on every rank
+        # The two PCP ranks split the query rows (one more row for odd batches, a
+        # stand-in row on a rank left without tokens).
+        assert 0.4 * computed < s["query_rows"] / 2 < 0.65 * computed

@@ -36,3 +36,19 @@ def test_cleanup_patch_is_applied_in_simulation_and_idempotent(simulated):
         assert core.cleanup_dist_env_and_memory is wrapped
         patch_pkg.apply_all()
         assert ps.cleanup_dist_env_and_memory is wrapped  # not wrapped twice
+
+
+def test_pcp_patch_drops_only_prefill_context_parallel():
+    """vLLM's V1-runner validation keeps refusing everything but PCP."""
+    from vllm.config import VllmConfig
+
+    patch_pkg.apply_all()
+    method = VllmConfig._get_v1_model_runner_unsupported_features
+    assert getattr(method, "_vllm_npu_patched", False)
+    cfg = VllmConfig()
+    cfg.parallel_config.prefill_context_parallel_size = 2
+    upstream = method.__wrapped__(cfg)
+    assert "prefill context parallel" in upstream  # vLLM itself refuses PCP on V1
+    assert method(cfg) == [f for f in upstream if f != "prefill context parallel"]
+    patch_pkg.apply_all()
+    assert VllmConfig._get_v1_model_runner_unsupported_features is method  # idempotent

@@ -40,6 +40,11 @@ from vllm_npu.attention.context_parallel import (
     combine_over_ranks,
     merge_partials,
 )
+from vllm_npu.attention.prefill_context_parallel import (
+    PCPMetadata,
+    build_pcp_metadata,
+    is_slice_active,
+)
 from vllm_npu.compilation.graph_backend import get_graph_backend
 from vllm_npu.compilation.graph_params import GRAPH_PARAMS, AttentionTasks
 from vllm_npu.config import get_npu_config
@@ -114,6 +119,7 @@ class NPUAttentionMetadata:
     slot_mapping: torch.Tensor   # int32 [num_actual_tokens]
     attn_mask: torch.Tensor      # bool [2048, 2048], True above the diagonal (masked)
     dcp: DCPMetadata | None = None  # decode context parallelism: this rank's context shard
+    pcp: PCPMetadata | None = None  # prefill context parallelism: this rank's query pieces
 
 
 def uses_dcp(vllm_config: VllmConfig | None) -> bool:
@@ -143,6 +149,7 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
                                     device=device).triu_(1)
         parallel = vllm_config.parallel_config
         self.dcp_world = parallel.decode_context_parallel_size
+        self.pcp_world = parallel.prefill_context_parallel_size
         self.dcp_interleave = parallel.cp_kv_cache_interleave_size
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
@@ -161,6 +168,13 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
             q_lens = cm.query_start_loc_cpu[1:n_reqs + 1] - cm.query_start_loc_cpu[:n_reqs]
             dcp = build_dcp_metadata(seq_lens_cpu - q_lens.to(torch.int32), self.dcp_world,
                                      get_dcp_group().rank_in_group, self.dcp_interleave)
+        pcp = None
+        if self.pcp_world > 1:
+            from vllm.distributed.parallel_state import get_pcp_group
+
+            pcp = build_pcp_metadata(cm.query_start_loc_cpu[:n_reqs + 1].tolist(),
+                                     seq_lens_cpu.tolist(), n_tokens, self.pcp_world,
+                                     get_pcp_group().rank_in_group)
         return NPUAttentionMetadata(
             num_actual_tokens=n_tokens,
             num_reqs=n_reqs,
@@ -172,11 +186,13 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
             slot_mapping=cm.slot_mapping[:n_tokens].to(torch.int32),
             attn_mask=self.attn_mask,
             dcp=dcp,
+            pcp=pcp,
         )
 
 
 class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
     supports_dcp: bool = True
+    supports_pcp: bool = True  # with the NPU runner's token slicing (prefill_context_parallel)
     can_return_lse_for_decode: bool = True  # the fused op's softmax_lse_flag
 
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
@@ -275,6 +291,33 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         out.copy_(merged)
         return new_task, ctx_task, q_all
 
+    @staticmethod
+    def _gather_new_tokens(key: torch.Tensor, value: torch.Tensor, pcp: PCPMetadata):
+        """PCP: every rank's slice of this step's K/V, in batch order (one all-gather)."""
+        from vllm.distributed.parallel_state import get_pcp_group
+
+        n = pcp.end - pcp.start
+        packed = torch.cat((key[:n], value[:n]), dim=-1)
+        full = get_pcp_group().all_gatherv(packed, dim=0, sizes=pcp.sizes)
+        return full.split([key.shape[-1], value.shape[-1]], dim=-1)
+
+    def _attend_pcp(self, query: torch.Tensor, kv_cache: torch.Tensor,
+                    meta: NPUAttentionMetadata, output: torch.Tensor) -> None:
+        """PCP: this rank's query pieces over the paged cache, which already holds every
+        new token of the step (written by do_kv_cache_update)."""
+        pcp = meta.pcp
+        n = pcp.end - pcp.start
+        if query.shape[0] < n:
+            raise RuntimeError(f"PCP slice of {n} tokens but {query.shape[0]} query rows")
+        if not pcp.query_ends:
+            return
+        local = replace(meta, num_actual_tokens=n, num_reqs=len(pcp.query_ends),
+                        is_pure_decode=False, query_ends=pcp.query_ends,
+                        seq_lens_list=pcp.kv_lens,
+                        seq_lens=torch.tensor(pcp.kv_lens, dtype=torch.int32),
+                        block_table=meta.block_table[pcp.rows])
+        self._attend("fused", query[:n], kv_cache, local, output[:n])
+
     def _dcp_new_tokens(self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         meta: NPUAttentionMetadata):
         """This step's tokens, which every DCP rank holds in full: causal, with lse."""
@@ -316,6 +359,8 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         meta = self._layer_metadata(layer)
         if meta is None:  # profile / dummy run: nothing to store
             return
+        if meta.pcp is not None and is_slice_active():
+            key, value = self._gather_new_tokens(key, value, meta.pcp)
         n = meta.num_actual_tokens
         backend = get_graph_backend()
         if not backend.is_capturing():
@@ -335,6 +380,9 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("NPU attention: fused output quantization")
         if attn_metadata is None:  # profile / dummy run
+            return output
+        if attn_metadata.pcp is not None and is_slice_active():
+            self._attend_pcp(query, kv_cache, attn_metadata, output)
             return output
         n = attn_metadata.num_actual_tokens
         backend = get_graph_backend()

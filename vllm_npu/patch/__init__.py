@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-PATCHES: tuple[str, ...] = ("patch_accelerator_cleanup",)
+PATCHES: tuple[str, ...] = ("patch_accelerator_cleanup", "patch_v1_runner_pcp")
 
 
 def apply_all() -> list[str]:

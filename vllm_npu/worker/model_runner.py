@@ -8,7 +8,10 @@ attention backend; only its CUDA-specific leaves change here:
   - device -> host token copy: a plain `tolist()` on the simulated NPU (no events on CPU);
   - graphs: capture without vLLM's CUDA-only stream/communicator context; vLLM's
     CUDAGraphWrapper around the model becomes ACLGraphWrapper, and before each FULL
-    replay the captured attention tasks are refreshed for the new batch.
+    replay the captured attention tasks are refreshed for the new batch;
+  - prefill context parallelism (which vLLM's V1 runner lacks): each PCP rank runs the
+    model on its slice of the batch's tokens, the hidden states are all-gathered
+    (attention/prefill_context_parallel.py).
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from vllm.forward_context import get_forward_context
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.workspace import lock_workspace
 
+from vllm_npu.attention import prefill_context_parallel as pcp
 from vllm_npu.compilation.acl_graph import ACLGraphWrapper
 from vllm_npu.compilation.graph_params import GRAPH_PARAMS, update_attention_tasks
 
@@ -60,7 +64,41 @@ class NPUModelRunner(GPUModelRunner):
                     time.perf_counter() - start)
         return 0
 
-    def _model_forward(self, *args: Any, **kwargs: Any) -> Any:
+    def _model_forward(self, input_ids: torch.Tensor | None = None,
+                       positions: torch.Tensor | None = None, intermediate_tensors=None,
+                       inputs_embeds: torch.Tensor | None = None, **model_kwargs: Any) -> Any:
+        world = self.parallel_config.prefill_context_parallel_size
+        if world > 1:
+            return self._pcp_forward(world, input_ids, positions, inputs_embeds,
+                                     **model_kwargs)
+        return self._forward(input_ids=input_ids, positions=positions,
+                             intermediate_tensors=intermediate_tensors,
+                             inputs_embeds=inputs_embeds, **model_kwargs)
+
+    def _pcp_forward(self, world: int, input_ids, positions, inputs_embeds, **model_kwargs):
+        """This rank's slice of the tokens through the model, then all ranks' hidden
+        states gathered in batch order (PP is refused with PCP at startup)."""
+        from vllm.distributed.parallel_state import get_pcp_group
+
+        group = get_pcp_group()
+        num_tokens = positions.shape[-1]
+        start, end = pcp.token_range(num_tokens, world, group.rank_in_group)
+        # A rank with no tokens (fewer tokens than ranks) still runs every layer's
+        # collectives: it runs one stand-in token and contributes nothing.
+        lo, hi = (start, end) if end > start else (num_tokens - 1, num_tokens)
+        with pcp.slice_active():
+            hidden = self._forward(
+                input_ids=None if input_ids is None else input_ids[lo:hi],
+                positions=positions[..., lo:hi], intermediate_tensors=None,
+                inputs_embeds=None if inputs_embeds is None else inputs_embeds[lo:hi],
+                **model_kwargs)
+        if not isinstance(hidden, torch.Tensor):
+            raise NotImplementedError("prefill context parallelism: models returning "
+                                      f"{type(hidden).__name__} (auxiliary hidden states)")
+        return group.all_gatherv(hidden[:end - start], dim=0,
+                                 sizes=pcp.slice_sizes(num_tokens, world))
+
+    def _forward(self, *args: Any, **kwargs: Any) -> Any:
         ctx = get_forward_context()
         if (ctx.cudagraph_runtime_mode == CUDAGraphMode.FULL
                 and isinstance(self.model, ACLGraphWrapper)
