@@ -222,16 +222,15 @@ class NPUPlatform(Platform):
 
     @classmethod
     def _check_prefill_context_parallel(cls, vllm_config: "VllmConfig") -> None:
-        """PCP (the NPU runner's token slicing) covers the paged backend without PP/DCP;
-        it runs eagerly (a graph would freeze one slicing of the batch)."""
+        """PCP (the NPU runner's token slicing) runs without PP/DCP, eagerly (a graph
+        would freeze one slicing of the batch)."""
         from vllm.config.compilation import CUDAGraphMode
 
-        parallel, model = vllm_config.parallel_config, vllm_config.model_config
+        parallel = vllm_config.parallel_config
         pcp = parallel.prefill_context_parallel_size
         reasons = [why for bad, why in (
             (parallel.pipeline_parallel_size > 1, "pipeline parallelism"),
             (parallel.decode_context_parallel_size > 1, "decode context parallelism"),
-            (model is not None and model.use_mla, "MLA models"),
             (vllm_config.speculative_config is not None, "speculative decoding"),
         ) if bad]
         if reasons:

@@ -255,35 +255,53 @@ def test_cp_correction_kernel_override_through_vllm(is_base_e):
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("num_tokens", [1, 2, 7, 64, 65])
-def test_pcp_token_ranges_tile_the_batch(world, num_tokens):
-    from vllm_npu.attention.prefill_context_parallel import slice_sizes, token_range
+@pytest.mark.parametrize("num_tokens", [1, 2, 5, 7, 64, 65])
+def test_pcp_chunks_tile_the_batch(world, num_tokens):
+    """Equal chunks of C = ceil(T / P) rows, rank-major: gathering them and keeping the
+    first T rows restores the batch; an empty chunk runs the last token as a stand-in."""
+    from vllm_npu.attention.prefill_context_parallel import (
+        chunk_len,
+        pad_rows,
+        run_range,
+        token_range,
+    )
 
+    c = chunk_len(num_tokens, world)
     ranges = [token_range(num_tokens, world, r) for r in range(world)]
     assert ranges[0][0] == 0 and ranges[-1][1] == num_tokens
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
-    sizes = slice_sizes(num_tokens, world)
-    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == num_tokens
+    batch = torch.arange(num_tokens)
+    chunks = []
+    for r, (start, end) in enumerate(ranges):
+        lo, hi = run_range(num_tokens, world, r)
+        assert (lo, hi) == ((start, end) if end > start else (num_tokens - 1, num_tokens))
+        chunks.append(pad_rows(batch[lo:hi], c))
+        assert chunks[-1].shape == (c,)
+    assert torch.equal(torch.cat(chunks)[:num_tokens], batch)
 
 
 def test_pcp_pieces_give_each_query_row_its_causal_keys():
     """Every local query row's right-down causal window (kv_len - q_len + i) ends at the
     row's own position in its request: context + index of the token among new tokens."""
-    from vllm_npu.attention.prefill_context_parallel import build_pcp_metadata
+    from vllm_npu.attention.prefill_context_parallel import build_pcp_metadata, token_range
 
-    q_lens, contexts = [5, 2, 6, 1], [0, 130, 7, 40]
-    qsl = [0, 5, 7, 13, 14]
+    q_lens, contexts = [1, 5, 2, 6], [40, 0, 130, 7]
+    qsl = [0, 1, 6, 8, 14]
     seq = [c + q for c, q in zip(contexts, q_lens)]
     positions = [contexts[r] + i for r, q in enumerate(q_lens) for i in range(q)]
     owner = [r for r, q in enumerate(q_lens) for _ in range(q)]
-    for world in (2, 3):
+    for world in (2, 3, 5):
         seen = []
         for rank in range(world):
             m = build_pcp_metadata(qsl, seq, 14, world, rank)
+            start, end = token_range(14, world, rank)
+            assert m.run == (start, end) and m.chunk == -(-14 // world)
             starts = [0] + m.query_ends[:-1]
-            for s, e, kv, r in zip(starts, m.query_ends, m.kv_lens, m.rows.tolist()):
+            for s, e, kv, r, pre in zip(starts, m.query_ends, m.kv_lens, m.rows.tolist(),
+                                        m.prefilling.tolist()):
+                assert pre == (q_lens[r] > 1)
                 for i in range(e - s):
-                    token = m.start + s + i
+                    token = start + s + i
                     assert owner[token] == r
                     assert kv - (e - s) + i == positions[token]  # last key it may see
                     seen.append(token)

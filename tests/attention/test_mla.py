@@ -405,6 +405,7 @@ def test_platform_selects_npu_mla_backend():
     assert path == NPUMLABackend.full_path()
     assert NPUPlatform.get_attn_backend_cls(None, _selector(head_size=48, block_size=256))
     assert NPUPlatform.get_attn_backend_cls(None, _selector(use_dcp=True)) == path
+    assert NPUPlatform.get_attn_backend_cls(None, _selector(use_pcp=True)) == path
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -414,7 +415,6 @@ def test_platform_selects_npu_mla_backend():
     (dict(kv_cache_dtype="fp8"), "kv cache"),
     (dict(block_size=64), "block size"),
     (dict(has_sliding_window=True), "sliding window"),
-    (dict(use_pcp=True), "prefill context parallelism"),
 ])
 def test_platform_refuses_what_mla_cannot_run(kw, match):
     with pytest.raises((ValueError, NotImplementedError), match=match):

@@ -43,6 +43,7 @@ from vllm_npu.attention.context_parallel import (
 from vllm_npu.attention.prefill_context_parallel import (
     PCPMetadata,
     build_pcp_metadata,
+    gather_chunks,
     is_slice_active,
 )
 from vllm_npu.compilation.graph_backend import get_graph_backend
@@ -293,30 +294,25 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
 
     @staticmethod
     def _gather_new_tokens(key: torch.Tensor, value: torch.Tensor, pcp: PCPMetadata):
-        """PCP: every rank's slice of this step's K/V, in batch order (one all-gather)."""
+        """PCP: every rank's chunk of this step's K/V, in batch order (one all-gather)."""
         from vllm.distributed.parallel_state import get_pcp_group
 
-        n = pcp.end - pcp.start
-        packed = torch.cat((key[:n], value[:n]), dim=-1)
-        full = get_pcp_group().all_gatherv(packed, dim=0, sizes=pcp.sizes)
+        full = gather_chunks(get_pcp_group(), torch.cat((key, value), dim=-1), pcp)
         return full.split([key.shape[-1], value.shape[-1]], dim=-1)
 
     def _attend_pcp(self, query: torch.Tensor, kv_cache: torch.Tensor,
                     meta: NPUAttentionMetadata, output: torch.Tensor) -> None:
         """PCP: this rank's query pieces over the paged cache, which already holds every
-        new token of the step (written by do_kv_cache_update)."""
+        new token of the step (written by do_kv_cache_update); pad rows get zeros."""
         pcp = meta.pcp
-        n = pcp.end - pcp.start
-        if query.shape[0] < n:
-            raise RuntimeError(f"PCP slice of {n} tokens but {query.shape[0]} query rows")
-        if not pcp.query_ends:
-            return
+        n = pcp.num_run
         local = replace(meta, num_actual_tokens=n, num_reqs=len(pcp.query_ends),
                         is_pure_decode=False, query_ends=pcp.query_ends,
                         seq_lens_list=pcp.kv_lens,
                         seq_lens=torch.tensor(pcp.kv_lens, dtype=torch.int32),
                         block_table=meta.block_table[pcp.rows])
         self._attend("fused", query[:n], kv_cache, local, output[:n])
+        output[n:].zero_()
 
     def _dcp_new_tokens(self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         meta: NPUAttentionMetadata):

@@ -64,6 +64,11 @@ from vllm_npu import ops
 from vllm_npu.attention.backend import uses_dcp
 from vllm_npu.attention.context_parallel import gather_sharded_rows
 from vllm_npu.attention.mla_prefill import cumulative
+from vllm_npu.attention.prefill_context_parallel import (
+    PCPMetadata,
+    build_pcp_metadata,
+    local_common_metadata,
+)
 from vllm_npu.compilation.graph_backend import get_graph_backend
 from vllm_npu.compilation.graph_params import GRAPH_PARAMS
 
@@ -126,7 +131,6 @@ def select_mla_backend(selected_backend, cfg) -> str:
         (not b.supports_attn_type(cfg.attn_type), f"attention type {cfg.attn_type}"),
         (cfg.has_sliding_window, "sliding window"),
         (cfg.has_sink, "attention sinks"),
-        (cfg.use_pcp, "prefill context parallelism"),
     ) if bad]
     if reasons:
         raise ValueError(f"NPU MLA backend cannot run this model: {reasons}")
@@ -146,6 +150,8 @@ class NPUMLADecodeMetadata(MLACommonDecodeMetadata):
 
 @dataclass
 class NPUMLAMetadata(MLACommonMetadata[NPUMLADecodeMetadata]):
+    pcp: PCPMetadata | None = None  # PCP: this rank's pieces, which the fields above describe
+
     def __post_init__(self):
         # vLLM's check allows only the CUDA kernels' latent widths (320/512/576).
         if self.head_dim is not None and not NPUMLABackend.supports_head_size(self.head_dim):
@@ -185,8 +191,26 @@ class NPUMLAMetadataBuilder(MLACommonMetadataBuilder[NPUMLAMetadata]):
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> NPUMLAMetadata:
-        meta = super().build(common_prefix_len, common_attn_metadata, fast_build)
         cm = common_attn_metadata
+        world = self.vllm_config.parallel_config.prefill_context_parallel_size
+        if world == 1:
+            return self._build(common_prefix_len, cm, fast_build)
+        # PCP: the metadata of this rank's pieces; vLLM's MLA layer splits them into
+        # decodes and prefills and gathers every rank's new latents for the cache write.
+        from vllm.distributed.parallel_state import get_pcp_group
+
+        seq_lens = (cm.seq_lens_cpu_upper_bound if cm.seq_lens_cpu_upper_bound is not None
+                    else cm.seq_lens.cpu())[:cm.num_reqs]
+        pcp = build_pcp_metadata(cm.query_start_loc_cpu[:cm.num_reqs + 1].tolist(),
+                                 seq_lens.tolist(), cm.num_actual_tokens, world,
+                                 get_pcp_group().rank_in_group)
+        meta = self._build(common_prefix_len, local_common_metadata(cm, pcp), fast_build)
+        meta.pcp = pcp
+        return meta
+
+    def _build(self, common_prefix_len: int, cm: CommonAttentionMetadata,
+               fast_build: bool) -> NPUMLAMetadata:
+        meta = super().build(common_prefix_len, cm, fast_build)
         seq_lens_cpu = cm.seq_lens_cpu_upper_bound  # exact without async spec decode
         if seq_lens_cpu is None:
             seq_lens_cpu = cm.seq_lens.cpu()
@@ -234,7 +258,7 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
     # gathers the query heads before and merges the ranks' outputs after.
     can_return_lse_for_decode: bool = True
     supports_dcp: bool = True
-    supports_pcp: bool = False
+    supports_pcp: bool = True  # with the NPU runner's token chunks (prefill_context_parallel)
 
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
                  alibi_slopes: list[float] | None, sliding_window: int | None,
@@ -273,6 +297,10 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
         n = _batch_num_tokens()
         if n is None:
             return
+        if self.pcp_world_size > 1:
+            # vLLM's MLA layer has gathered every rank's chunk (the batch in order, then
+            # pad rows) against the whole batch's slot mapping.
+            n = min(kv_c_normed.shape[0], slot_mapping.shape[0])
         rows = torch.cat((kv_c_normed[:n], k_pe[:n].reshape(n, -1)), dim=-1).to(kv_cache.dtype)
         backend = get_graph_backend()
         if backend.is_capturing():

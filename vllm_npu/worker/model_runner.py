@@ -10,7 +10,7 @@ attention backend; only its CUDA-specific leaves change here:
     CUDAGraphWrapper around the model becomes ACLGraphWrapper, and before each FULL
     replay the captured attention tasks are refreshed for the new batch;
   - prefill context parallelism (which vLLM's V1 runner lacks): each PCP rank runs the
-    model on its slice of the batch's tokens, the hidden states are all-gathered
+    model on its chunk of the batch's tokens, the hidden states are all-gathered
     (attention/prefill_context_parallel.py).
 """
 from __future__ import annotations
@@ -76,27 +76,26 @@ class NPUModelRunner(GPUModelRunner):
                              inputs_embeds=inputs_embeds, **model_kwargs)
 
     def _pcp_forward(self, world: int, input_ids, positions, inputs_embeds, **model_kwargs):
-        """This rank's slice of the tokens through the model, then all ranks' hidden
+        """This rank's chunk of the tokens through the model, then every rank's hidden
         states gathered in batch order (PP is refused with PCP at startup)."""
         from vllm.distributed.parallel_state import get_pcp_group
 
         group = get_pcp_group()
         num_tokens = positions.shape[-1]
-        start, end = pcp.token_range(num_tokens, world, group.rank_in_group)
-        # A rank with no tokens (fewer tokens than ranks) still runs every layer's
-        # collectives: it runs one stand-in token and contributes nothing.
-        lo, hi = (start, end) if end > start else (num_tokens - 1, num_tokens)
+        chunk = pcp.chunk_len(num_tokens, world)
+        lo, hi = pcp.run_range(num_tokens, world, group.rank_in_group)
+
+        def rows(x: torch.Tensor | None, dim: int = 0) -> torch.Tensor | None:
+            return None if x is None else pcp.pad_rows(x.narrow(dim, lo, hi - lo), chunk, dim)
+
         with pcp.slice_active():
-            hidden = self._forward(
-                input_ids=None if input_ids is None else input_ids[lo:hi],
-                positions=positions[..., lo:hi], intermediate_tensors=None,
-                inputs_embeds=None if inputs_embeds is None else inputs_embeds[lo:hi],
-                **model_kwargs)
+            hidden = self._forward(input_ids=rows(input_ids), positions=rows(positions, -1),
+                                   intermediate_tensors=None, inputs_embeds=rows(inputs_embeds),
+                                   **model_kwargs)
         if not isinstance(hidden, torch.Tensor):
             raise NotImplementedError("prefill context parallelism: models returning "
                                       f"{type(hidden).__name__} (auxiliary hidden states)")
-        return group.all_gatherv(hidden[:end - start], dim=0,
-                                 sizes=pcp.slice_sizes(num_tokens, world))
+        return group.all_gather(hidden, dim=0)[:num_tokens]
 
     def _forward(self, *args: Any, **kwargs: Any) -> Any:
         ctx = get_forward_context()
