@@ -276,7 +276,7 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         Under graph capture (`backend` given) the two attention calls are separate tasks
         and the context path is always taken; returns (new-token task, context task,
         gathered query) for update_graph_params."""
-        new_task, (new_out, new_lse) = _as_task(backend, self._dcp_new_tokens, q, key, value,
+        new_task, (new_out, new_lse) = as_task(backend, self._dcp_new_tokens, q, key, value,
                                                 meta)
         if backend is None and not meta.dcp.any_context:
             out.copy_(new_out)
@@ -285,7 +285,7 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
 
         group = get_dcp_group()
         q_all = group.all_gather(q.contiguous(), dim=1)  # [T, W*H, D]
-        ctx_task, (ctx_out, ctx_lse) = _as_task(backend, self._dcp_context, q_all, kv_cache,
+        ctx_task, (ctx_out, ctx_lse) = as_task(backend, self._dcp_context, q_all, kv_cache,
                                                 meta)
         ctx_out, ctx_lse = combine_over_ranks(group, ctx_out, ctx_lse[..., 0], self.num_heads)
         merged, _ = merge_partials([ctx_out, new_out], [ctx_lse, new_lse[..., 0]])
@@ -359,13 +359,11 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
             key, value = self._gather_new_tokens(key, value, meta.pcp)
         n = meta.num_actual_tokens
         backend = get_graph_backend()
-        if not backend.is_capturing():
-            self._write_cache(key[:n], value[:n], kv_cache, meta)
-            return
-        stream = backend.current_stream()
-        backend.task_group_begin(stream)
-        self._write_cache(key[:n], value[:n], kv_cache, meta)
-        self._captured_cache_task = (backend.task_group_end(stream), key[:n], value[:n])
+        key, value = key[:n], value[:n]
+        task, _ = as_task(backend if backend.is_capturing() else None, self._write_cache, key,
+                          value, kv_cache, meta)
+        if task is not None:
+            self._captured_cache_task = (task, key, value)
 
     def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor, kv_cache: torch.Tensor,
@@ -397,7 +395,7 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
                          output[:n])
             return output
         kind = self._kind(attn_metadata, get_forward_context().batch_descriptor)
-        attention, _ = _as_task(backend, self._attend, kind, query[:n], kv_cache,
+        attention, _ = as_task(backend, self._attend, kind, query[:n], kv_cache,
                                 attn_metadata, output[:n])
         self._register_tasks(layer, kind, attention, query[:n], kv_cache, output[:n])
         return output
@@ -433,7 +431,7 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         backend.task_update_end(stream)
 
 
-def _as_task(backend, fn, *args):
+def as_task(backend, fn, *args):
     """fn(*args), as one task group of the graph being captured when `backend` is given:
     returns (task handle or None, fn's result)."""
     if backend is None:

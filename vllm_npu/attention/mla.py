@@ -61,7 +61,7 @@ from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from vllm_npu import ops
-from vllm_npu.attention.backend import uses_dcp
+from vllm_npu.attention.backend import as_task, uses_dcp
 from vllm_npu.attention.context_parallel import gather_sharded_rows
 from vllm_npu.attention.mla_prefill import cumulative
 from vllm_npu.attention.prefill_context_parallel import (
@@ -305,10 +305,9 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
         backend = get_graph_backend()
         if backend.is_capturing():
             # The dummy batch is not stored; update_graph_params issues each replay's write.
-            stream = backend.current_stream()
-            backend.task_group_begin(stream)
-            self._write_rows(rows[:0], kv_cache, slot_mapping[:0].to(torch.int32))
-            self._captured_cache_task = (backend.task_group_end(stream), rows)
+            task, _ = as_task(backend, self._write_rows, rows[:0], kv_cache,
+                              slot_mapping[:0].to(torch.int32))
+            self._captured_cache_task = (task, rows)
             return
         slots = slot_mapping[:n].to(torch.int32)
         if (slots < 0).any():  # PAD_SLOT_ID: graph padding, other DCP ranks' tokens
@@ -392,10 +391,8 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
         if not backend.is_capturing():
             self._decode(query, kv_c_and_k_pe_cache, d.block_table, d.seq_lens, out)
             return out.to(act_dtype), None
-        stream = backend.current_stream()
-        backend.task_group_begin(stream)
-        self._decode(query, kv_c_and_k_pe_cache, d.block_table, d.seq_lens, out)
-        attention = backend.task_group_end(stream)
+        attention, _ = as_task(backend, self._decode, query, kv_c_and_k_pe_cache,
+                               d.block_table, d.seq_lens, out)
         cache_write, rows = self._captured_cache_task or (None, None)
         self._captured_cache_task = None
         GRAPH_PARAMS.register(get_forward_context().batch_descriptor, layer.layer_name,
