@@ -37,26 +37,21 @@ def overrides() -> dict[str, object]:
             context_parallel.CORRECT_KERNEL: context_parallel.correct_attn_cp_out}
 
 
-def _constexprs() -> dict[str, tuple[str, ...]]:
-    """Compile-time parameters of overridden kernels whose launcher counts them (vLLM's
-    CP launcher splits positional from constexpr arguments by that count); without Triton
-    vLLM's stand-in kernel declares none."""
-    from vllm_npu.attention import context_parallel
-
-    return {context_parallel.CORRECT_KERNEL: ("HEAD_DIM", "N_ROUNDED", "IS_BASE_E")}
-
-
 def register_kernel_overrides() -> None:
     from vllm.triton_utils.dispatcher import register_kernels
 
+    table = overrides()
     hidden = _modules_that_break_the_scan()
     for name in hidden:
         del sys.modules[name]
     try:
-        register_kernels(overrides())
+        register_kernels(table)
     finally:
         sys.modules.update(hidden)
-    for name, names in _constexprs().items():
+    for name, impl in table.items():
+        names = getattr(impl, "constexprs", None)  # needed by launchers that count them
+        if names is None:
+            continue
         module, owner, attr = name.rsplit(".", 2)
         wrapper = getattr(getattr(importlib.import_module(module), owner), attr)
         if getattr(wrapper, "constexprs", None) is None:

@@ -39,73 +39,79 @@ def models(tmp_path_factory):
     return lambda name: build_tiny_model(str(root / name), **MODELS[name])
 
 
-def _count_dcp_work(worker) -> None:
-    """Wrap, in this worker, the KV writes (rows stored) and the shard-level attention
-    calls that return an lse (standard: the merge op; MLA: the latent decode op)."""
+def _count_work(worker) -> None:
+    """Wrap, in this worker, the op-surface calls the assertions count: rows stored in the
+    KV cache, shard-level attention returning an lse (standard: the merge op; MLA: the
+    latent decode op), and query rows of the paged backend's attention."""
     from vllm_npu import ops
 
-    stats = {"stored": 0, "lse_calls": 0}
-    orig = {name: getattr(ops, name) for name in (
-        "_npu_reshape_and_cache", "_npu_reshape_and_cache_siso", "npu_attention_update",
-        "npu_multi_head_latent_attention")}
+    stats = {"stored": 0, "lse_calls": 0, "query_rows": 0}
 
-    def write(key, value, key_cache, value_cache, slots):
-        stats["stored"] += int((slots >= 0).sum())
-        return orig["_npu_reshape_and_cache"](key, value, key_cache, value_cache, slots)
+    def wrap(name: str, count) -> None:
+        original = getattr(ops, name)
 
-    def write_latent(rows, cache, slots):
-        stats["stored"] += int((slots >= 0).sum())
-        return orig["_npu_reshape_and_cache_siso"](rows, cache, slots)
-
-    def counted(name):
         def call(*args, **kwargs):
-            stats["lse_calls"] += 1
-            return orig[name](*args, **kwargs)
-        return call
+            key, n = count(*args)
+            stats[key] += n
+            return original(*args, **kwargs)
+        setattr(ops, name, call)
 
-    ops._npu_reshape_and_cache, ops._npu_reshape_and_cache_siso = write, write_latent
-    ops.npu_attention_update = counted("npu_attention_update")
-    ops.npu_multi_head_latent_attention = counted("npu_multi_head_latent_attention")
-    worker.dcp_stats = stats
+    def stored(*args):
+        return "stored", int((args[-1] >= 0).sum())  # slots come last
+
+    wrap("_npu_reshape_and_cache", stored)
+    wrap("_npu_reshape_and_cache_siso", stored)
+    wrap("npu_attention_update", lambda *args: ("lse_calls", 1))
+    wrap("npu_multi_head_latent_attention", lambda *args: ("lse_calls", 1))
+    wrap("npu_fused_infer_attention_score_out", lambda q, *args: ("query_rows", q.shape[0]))
+    worker.work = stats
 
 
-def _dcp_stats(worker) -> dict:
+def _stats(worker) -> dict:
     from vllm_npu.compilation.acl_graph import ACLGraphWrapper
     from vllm_npu.compilation.graph_params import GRAPH_PARAMS
 
-    return worker.dcp_stats | {"replays": ACLGraphWrapper.stats.replays,
-                               "updates": GRAPH_PARAMS.updates}
+    return getattr(worker, "work", {}) | {
+        "replays": ACLGraphWrapper.stats.replays, "updates": GRAPH_PARAMS.updates,
+        "cudagraph_mode": worker.model_runner.compilation_config.cudagraph_mode.name}
+
+
+def _run_workload(path: str, dtype: str, seed: int, **engine_args):
+    """Prompts of 5, 130 and 300 tokens x 16 (chunked 64 at a time, across the 256-token
+    virtual block), then a prompt sharing 260 tokens of the last one x 8; asserts tokens
+    equal HF and a 256-token prefix-cache hit. Returns (positions computed per request,
+    each worker's stats)."""
+    v = vocab(path)
+    prompts = [random_prompt(seed + i, n, v) for i, n in enumerate((5, 130, 300))]
+    shared = prompts[2][:260] + random_prompt(seed + 9, 20, v)
+    llm = make_llm(path, dtype, distributed_executor_backend="mp", enable_sleep_mode=False,
+                   **engine_args)
+    try:
+        llm.collective_rpc(_count_work)
+        got = generate(llm, prompts, 16)
+        hits_before = metric(llm, "vllm:prefix_cache_hits")
+        got_shared = generate(llm, [shared], 8)
+        hits = metric(llm, "vllm:prefix_cache_hits") - hits_before
+        stats = llm.collective_rpc(_stats)
+    finally:
+        shutdown(llm)
+    assert got == [hf_greedy(path, p, 16) for p in prompts]
+    assert got_shared == [hf_greedy(path, shared, 8)]
+    assert hits == 2 * BLOCK  # one 256-token block of the scheduler
+    computed = [range(len(p) + 16 - 1) for p in prompts]
+    return computed + [range(hits, len(shared) + 8 - 1)], stats
 
 
 @pytest.mark.parametrize("model,interleave", [
     ("llama-mqa", 1), ("llama-mqa", BLOCK), ("mla-small", 1), ("mla-dsv3", BLOCK)])
 def test_dcp2_on_tp2_matches_hf(models, parity_dtype, model, interleave):
-    """Prompts across the 256-token virtual block (128 per rank), chunked 64 at a time
-    (later chunks read their context from both ranks' shards), then decode; a second
-    request reuses the first 256 tokens of a finished one (a prefix-cache hit)."""
-    path = models(model)
-    v = vocab(path)
-    prompts = [random_prompt(70 + i, n, v) for i, n in enumerate((5, 130, 300))]
-    shared = prompts[2][:260] + random_prompt(99, 20, v)
-    llm = make_llm(path, parity_dtype, tensor_parallel_size=2,
-                   decode_context_parallel_size=2, cp_kv_cache_interleave_size=interleave,
-                   distributed_executor_backend="mp", enable_sleep_mode=False)
-    try:
-        llm.collective_rpc(_count_dcp_work)
-        got = generate(llm, prompts, 16)
-        hits_before = metric(llm, "vllm:prefix_cache_hits")
-        got_shared = generate(llm, [shared], 8)
-        hits = metric(llm, "vllm:prefix_cache_hits") - hits_before
-        stats = llm.collective_rpc(_dcp_stats)
-    finally:
-        shutdown(llm)
-    assert got == [hf_greedy(path, p, 16) for p in prompts]
-    assert got_shared == [hf_greedy(path, shared, 8)]
-    assert hits == 2 * BLOCK  # one 256-token virtual block, 128 on each rank
+    """Later chunks read their context from both ranks' shards; the prefix-cache hit is a
+    256-token virtual block, 128 tokens on each rank."""
+    computed, stats = _run_workload(models(model), parity_dtype, 70, tensor_parallel_size=2,
+                                    decode_context_parallel_size=2,
+                                    cp_kv_cache_interleave_size=interleave)
     # Each rank stored exactly the computed positions p with (p // I) % 2 == rank, once
     # per layer (2 layers): the cache is sharded, nothing is stored twice.
-    computed = [range(len(p) + 16 - 1) for p in prompts]
-    computed.append(range(hits, len(shared) + 8 - 1))
     for rank, s in enumerate(stats):
         assert s["stored"] == 2 * sum((p // interleave) % 2 == rank
                                       for r in computed for p in r)
@@ -173,85 +179,30 @@ def test_dcp_decode_graphs_need_the_update_hook(models, parity_dtype):
     try:
         llm.collective_rpc(_skip_graph_updates)
         got = generate(llm, prompts, 12)
-        replays = [s["replays"] for s in llm.collective_rpc(_replays)]
+        replays = [s["replays"] for s in llm.collective_rpc(_stats)]
     finally:
         shutdown(llm)
     assert all(r > 0 for r in replays)
     assert got != [hf_greedy(path, p, 12) for p in prompts]
 
 
-def _replays(worker) -> dict:
-    from vllm_npu.compilation.acl_graph import ACLGraphWrapper
-
-    return {"replays": ACLGraphWrapper.stats.replays}
-
-
 # ------------------------------------------------------------- prefill context parallel
-
-
-def _count_pcp_work(worker) -> None:
-    """Wrap, in this worker, the KV writes (rows stored) and the paged backend's attention
-    call (query rows attended)."""
-    from vllm_npu import ops
-
-    stats = {"stored": 0, "query_rows": 0}
-    orig = {name: getattr(ops, name) for name in (
-        "_npu_reshape_and_cache", "_npu_reshape_and_cache_siso",
-        "npu_fused_infer_attention_score_out")}
-
-    def write(key, value, key_cache, value_cache, slots):
-        stats["stored"] += int((slots >= 0).sum())
-        return orig["_npu_reshape_and_cache"](key, value, key_cache, value_cache, slots)
-
-    def write_latent(rows, cache, slots):
-        stats["stored"] += int((slots >= 0).sum())
-        return orig["_npu_reshape_and_cache_siso"](rows, cache, slots)
-
-    def attend(query, *args, **kwargs):
-        stats["query_rows"] += query.shape[0]
-        return orig["npu_fused_infer_attention_score_out"](query, *args, **kwargs)
-
-    ops._npu_reshape_and_cache, ops._npu_reshape_and_cache_siso = write, write_latent
-    ops.npu_fused_infer_attention_score_out = attend
-    worker.pcp_stats = stats
-
-
-def _pcp_stats(worker) -> dict:
-    return worker.pcp_stats | {
-        "cudagraph_mode": worker.model_runner.compilation_config.cudagraph_mode.name}
 
 
 @pytest.mark.parametrize("model,tp", [("llama", 1), ("llama", 2), ("mla-small", 1),
                                       ("mla-dsv3", 2)])
 def test_pcp2_matches_hf(tiny_models, models, parity_dtype, model, tp):
     """--prefill-context-parallel-size 2: each PCP rank runs the model on its chunk of
-    every batch's tokens (chunked prefills with cached context, decodes, a prefix-cache
-    hit); tokens equal HF, every rank stored every token (the cache is replicated) and,
-    on the paged backend, attended about half of the query rows. MLA: vLLM's MLA layer
+    every batch's tokens; every rank stored every token (the cache is replicated) and, on
+    the paged backend, attended about half of the query rows. MLA: vLLM's MLA layer
     gathers the chunks' latents, the backend attends the rank's pieces."""
     path = tiny_models["llama"] if model == "llama" else models(model)
-    v = vocab(path)
-    prompts = [random_prompt(110 + i, n, v) for i, n in enumerate((5, 130, 300))]
-    shared = prompts[2][:260] + random_prompt(119, 20, v)
-    llm = make_llm(path, parity_dtype, tensor_parallel_size=tp,
-                   prefill_context_parallel_size=2, distributed_executor_backend="mp",
-                   enable_sleep_mode=False)
-    try:
-        llm.collective_rpc(_count_pcp_work)
-        got = generate(llm, prompts, 16)
-        hits_before = metric(llm, "vllm:prefix_cache_hits")
-        got_shared = generate(llm, [shared], 8)
-        hits = metric(llm, "vllm:prefix_cache_hits") - hits_before
-        stats = llm.collective_rpc(_pcp_stats)
-    finally:
-        shutdown(llm)
-    assert got == [hf_greedy(path, p, 16) for p in prompts]
-    assert got_shared == [hf_greedy(path, shared, 8)]
-    assert hits == 2 * BLOCK
-    computed = sum(len(p) + 16 - 1 for p in prompts) + len(shared) - hits + 8 - 1
+    computed, stats = _run_workload(path, parity_dtype, 110, tensor_parallel_size=tp,
+                                    prefill_context_parallel_size=2)
+    total = sum(len(r) for r in computed)
     assert len(stats) == 2 * tp
     for s in stats:
         assert s["cudagraph_mode"] == "NONE"
-        assert s["stored"] == 2 * computed  # every token, both layers, on every rank
+        assert s["stored"] == 2 * total  # every token, both layers, on every rank
         if model == "llama":  # the PCP ranks split the query rows (+ a stand-in row)
-            assert 0.4 * computed < s["query_rows"] / 2 < 0.65 * computed
+            assert 0.4 * total < s["query_rows"] / 2 < 0.65 * total

@@ -29,8 +29,6 @@ LOWEST_LSE = torch.finfo(torch.float32).min  # an empty shard's lse, as the devi
 @dataclass(frozen=True, slots=True)
 class DCPMetadata:
     """One step's context shard on this rank."""
-    world: int
-    rank: int
     local_context_lens: list[int]  # host, per request: cached tokens stored on this rank
     any_context: bool              # whether any request has cached context on any rank
 
@@ -40,7 +38,7 @@ def build_dcp_metadata(context_lens: torch.Tensor, world: int, rank: int,
     """context_lens: host int tensor [num_reqs] of cached tokens per request (all ranks)."""
     local = get_dcp_local_seq_lens(context_lens, world, rank, interleave)
     # Decided from global lengths: every rank must take the same (collective) path.
-    return DCPMetadata(world=world, rank=rank, local_context_lens=local.tolist(),
+    return DCPMetadata(local_context_lens=local.tolist(),
                        any_context=bool(context_lens.numel() and int(context_lens.max()) > 0))
 
 
@@ -92,6 +90,11 @@ def correct_attn_cp_out(outputs, new_output, lses, vlse, outputs_stride_B, outpu
     factor = torch.exp(lse[lse_idx] - merged).nan_to_num(0.0)  # (-inf) - (-inf) -> 0
     vlse.copy_(merged if IS_BASE_E else merged / _LN2)
     new_output.copy_(outputs * factor.unsqueeze(-1).to(outputs.dtype))
+
+
+# vLLM's CP launcher splits positional from compile-time arguments by counting the
+# kernel's constexprs; without Triton its stand-in kernel declares none.
+correct_attn_cp_out.constexprs = ("HEAD_DIM", "N_ROUNDED", "IS_BASE_E")
 
 
 def gather_sharded_rows(group, local: list[torch.Tensor], context_lens: list[int],

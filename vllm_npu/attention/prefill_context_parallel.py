@@ -114,16 +114,13 @@ def local_common_metadata(cm, pcp: PCPMetadata):
     itself (MLA: decodes, then prefills). The slot mapping stays the whole batch's: every
     rank writes every token."""
     lo, hi = pcp.run
-    q_lens = torch.tensor([e - s for s, e in zip([0] + pcp.query_ends[:-1],
-                                                 pcp.query_ends)], dtype=torch.int32)
-    qsl = torch.zeros(len(pcp.query_ends) + 1, dtype=torch.int32)
-    qsl[1:] = torch.tensor(pcp.query_ends, dtype=torch.int32)
+    qsl = torch.tensor([0] + pcp.query_ends, dtype=torch.int32)
     kv = torch.tensor(pcp.kv_lens, dtype=torch.int32)
     device = cm.query_start_loc.device
     return dataclasses.replace(
         cm, query_start_loc=qsl.to(device), query_start_loc_cpu=qsl,
         seq_lens=kv.to(device), seq_lens_cpu_upper_bound=kv, num_reqs=len(pcp.kv_lens),
-        num_actual_tokens=hi - lo, max_query_len=int(q_lens.max()),
+        num_actual_tokens=hi - lo, max_query_len=int((qsl[1:] - qsl[:-1]).max()),
         max_seq_len=int(kv.max()), block_table_tensor=cm.block_table_tensor[pcp.rows],
         positions=None if cm.positions is None else cm.positions[lo:hi],
         is_prefilling=pcp.prefilling.to(device))
