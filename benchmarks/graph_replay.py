@@ -14,20 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
-import time
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-
-def _median_ms(fn, iters: int) -> float:
-    samples = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
+from timing import median_ms  # noqa: E402  (benchmarks/ is the script's path entry)
 
 
 def main() -> None:
@@ -78,10 +69,10 @@ def main() -> None:
                                          force_attention=True, skip_eplb=True)
 
             runner.model = graph_model
-            eager = _median_ms(lambda: run(CUDAGraphMode.NONE), args.iters)
+            eager = median_ms(lambda: run(CUDAGraphMode.NONE), args.iters)
             runner.model = step_with_updates
             replays0 = ACLGraphWrapper.stats.replays
-            replay = _median_ms(lambda: run(CUDAGraphMode.FULL), args.iters)
+            replay = median_ms(lambda: run(CUDAGraphMode.FULL), args.iters)
             assert ACLGraphWrapper.stats.replays - replays0 == args.iters, "graph not replayed"
             entry = next(e for d, e in graph_model.entries.items() if d.num_tokens == b)
             eager_ops = len(entry.graph.entries) if isinstance(entry.graph, SimGraph) else "-"

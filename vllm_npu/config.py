@@ -8,7 +8,24 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class MoEOptions(BaseModel):
+    """MoE / expert-parallel choices (`"moe": {...}`)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Static logical->physical expert placement (vllm-ascend's expert_map_path format);
+    # replicas allowed. None: experts in order, E / ep_size per rank.
+    expert_map_path: str | None = None
+    # Where EP rank 0 writes the placement in use after loading (same format).
+    export_expert_map_path: str | None = None
+    # How tokens reach their experts' ranks under expert parallelism: "all_gather"
+    # (gather tokens, compute local experts, reduce-scatter; graph-capturable), "all_to_all"
+    # (send each token only to its experts' ranks; host-side counts, eager batches only),
+    # "auto" (all_to_all for eager batches of at least all_to_all_min_tokens tokens).
+    ep_dispatch: Literal["auto", "all_gather", "all_to_all"] = "auto"
+    all_to_all_min_tokens: int = Field(default=64, ge=1)
 
 
 class NPUConfig(BaseModel):
@@ -19,6 +36,7 @@ class NPUConfig(BaseModel):
     # Kernel for batches that are pure decode: ATB `_npu_paged_attention` (what vllm-ascend
     # uses) or the fused-infer-attention op that also serves prefill and mixed batches.
     decode_attention_op: Literal["paged_attention", "fused_infer_attention"] = "paged_attention"
+    moe: MoEOptions = MoEOptions()
 
     @classmethod
     def from_additional_config(cls, raw: dict[str, Any] | None) -> "NPUConfig":
@@ -32,9 +50,19 @@ class NPUConfig(BaseModel):
             return cls(**raw)
         except ValidationError as e:
             problems = "; ".join(
-                f"{'.'.join(map(str, err['loc']))}={raw.get(err['loc'][0])!r}: {err['msg']}"
+                f"{'.'.join(map(str, err['loc']))}={_value_at(raw, err['loc'])!r}: {err['msg']}"
+                + (f" (valid keys: {sorted(MoEOptions.model_fields)})"
+                   if err["type"] == "extra_forbidden" and err["loc"][0] == "moe" else "")
                 for err in e.errors())
             raise ValueError(f"Invalid --additional-config for vllm_npu: {problems}") from None
+
+
+def _value_at(raw: dict, loc: tuple):
+    for key in loc:
+        if not isinstance(raw, dict) or key not in raw:
+            return None
+        raw = raw[key]
+    return raw
 
 
 _current: NPUConfig | None = None

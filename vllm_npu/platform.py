@@ -122,6 +122,15 @@ class NPUPlatform(Platform):
                 "kernels take float16/bfloat16 only. Pass --dtype bfloat16 or float16.")
 
     @classmethod
+    def verify_quantization(cls, quant: str) -> None:
+        # vLLM's default accepts anything when the list is empty; nothing is supported yet.
+        if quant not in cls.supported_quantization:
+            raise ValueError(
+                f"{quant} quantization is not supported on the NPU platform yet "
+                f"(supported: {cls.supported_quantization or 'none'}); load an "
+                "unquantized checkpoint")
+
+    @classmethod
     def get_device_communicator_cls(cls) -> str:
         return "vllm_npu.distributed.communicator.NPUCommunicator"
 
@@ -187,6 +196,7 @@ class NPUPlatform(Platform):
 
         if parallel.prefill_context_parallel_size > 1:
             cls._check_prefill_context_parallel(vllm_config)
+        cls._check_moe_dispatch(vllm_config, npu_config)
 
         # Async scheduling needs device streams/events the V1 runner borrows from CUDA.
         # (vLLM turns it on by default before the platform defaults run, so switch here.)
@@ -219,6 +229,29 @@ class NPUPlatform(Platform):
                 "NPU platform; valid: 1")
         if model is not None and not SIMULATED:
             cls.check_if_supports_dtype(model.dtype)
+        hf = getattr(model, "hf_config", None)
+        if getattr(hf, "model_type", None) == "deepseek_v3" and \
+                getattr(hf, "n_routed_experts", None) and \
+                getattr(hf, "scoring_func", None) is None:
+            # vLLM's deepseek_v2.py reads getattr(config, "scoring_func", "softmax");
+            # DeepSeek-V3 itself scores with sigmoid (HF's DeepseekV3Config has no such key).
+            logger.warning("vllm_npu: this DeepSeek-V3 config.json has no scoring_func: "
+                           "vLLM will route with softmax, the model was trained with "
+                           "sigmoid; add \"scoring_func\": \"sigmoid\" (and \"topk_method\": "
+                           "\"noaux_tc\") to config.json")
+
+    @classmethod
+    def _check_moe_dispatch(cls, vllm_config: "VllmConfig", npu_config: NPUConfig) -> None:
+        """all_to_all needs its split sizes on the host: it cannot run in a graph."""
+        from vllm.config.compilation import CUDAGraphMode
+
+        mode = vllm_config.compilation_config.cudagraph_mode
+        if npu_config.moe.ep_dispatch == "all_to_all" and mode not in (None, CUDAGraphMode.NONE):
+            raise ValueError(
+                "additional-config moe.ep_dispatch='all_to_all' needs host-side token counts "
+                f"and cannot run inside ACL graphs (cudagraph_mode {mode.name}); use 'auto' "
+                "(all-to-all for eager batches, all-gather in graphs), 'all_gather', or "
+                "--enforce-eager")
 
     @classmethod
     def _check_prefill_context_parallel(cls, vllm_config: "VllmConfig") -> None:

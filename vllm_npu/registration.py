@@ -21,6 +21,7 @@ def register_all() -> None:
 
     # Importing the modules runs their @register_oot decorators.
     import vllm_npu.ops.layers.activation  # noqa: F401
+    import vllm_npu.ops.layers.fused_moe  # noqa: F401
     import vllm_npu.ops.layers.layernorm  # noqa: F401
     import vllm_npu.ops.layers.rotary_embedding  # noqa: F401
     from vllm_npu.patch import apply_all

@@ -359,6 +359,14 @@ def t_device_communicator(ctx) -> dict:
     start = sum(sizes[:rank])
     checks["reduce_scatterv"] = torch.equal(comm.reduce_scatterv(y, dim=0, sizes=sizes),
                                             total[start:start + sizes[rank]])
+    # all_to_all_v (the MoE all-to-all path): rank r sends (r + j) % 3 rows to rank j.
+    send = [(rank + j) % 3 for j in range(world)]
+    recv = [(j + rank) % 3 for j in range(world)]
+    rows_out = torch.randn(sum(send), 5, generator=g)
+    want_v = torch.empty(sum(recv), 5)
+    dist.all_to_all_single(want_v, rows_out, output_split_sizes=recv, input_split_sizes=send)
+    checks["all_to_all_v"] = torch.equal(
+        comm.all_to_all_v(torch.empty(sum(recv), 5), rows_out, recv, send), want_v)
     gathered = comm.gather(x, dst=0, dim=0)
     checks["gather"] = (gathered is None) if rank else torch.equal(gathered, torch.cat(parts))
     b = x.clone() if rank == 1 else torch.zeros_like(x)

@@ -60,6 +60,14 @@ class NPUCommunicator(DeviceCommunicatorBase):
             from vllm_npu.distributed.pyhccl import PyHcclCommunicator
 
             self.hccl = PyHcclCommunicator(group=self.cpu_group, device=self.device)
+        if self.use_all2all and self.world_size > 1:
+            # vLLM's all-gather / reduce-scatter manager (generic group collectives, which
+            # land in this communicator). The NPU MoE method moves its own tokens
+            # (vllm_npu/moe/dispatch.py); vLLM's runner only asks this manager about
+            # fault tolerance and, for methods without internal dispatch, to dispatch.
+            from vllm.distributed.device_communicators.all2all import AgRsAll2AllManager
+
+            self.all2all_manager = AgRsAll2AllManager(self.cpu_group)
 
     def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
         if self.hccl is None:
@@ -97,12 +105,16 @@ class NPUCommunicator(DeviceCommunicatorBase):
 
     def reduce_scatterv(self, input_: torch.Tensor, dim: int = -1,
                         sizes: list[int] | None = None) -> torch.Tensor:
-        """Uneven reduce-scatter: reduce everything, keep this rank's slice."""
-        if sizes is None:
+        """Uneven reduce-scatter along `dim`: pad every rank's part to the largest size,
+        reduce-scatter, trim."""
+        if sizes is None or self.hccl is None:
             return self.reduce_scatter(input_, dim)
         dim = dim % input_.dim()
-        start = sum(sizes[:self.rank_in_group])
-        return self.all_reduce(input_).narrow(dim, start, sizes[self.rank_in_group])
+        width = max(sizes)
+        parts = [torch.nn.functional.pad(p.movedim(dim, -1), (0, width - n)).movedim(-1, dim)
+                 for p, n in zip(input_.split(sizes, dim=dim), sizes)]
+        out = self.reduce_scatter(torch.cat(parts, dim=dim), dim)
+        return out.narrow(dim, 0, sizes[self.rank_in_group])
 
     def gather(self, input_: torch.Tensor, dst: int = 0, dim: int = -1):
         gathered = self.all_gather(input_, dim)
@@ -146,10 +158,29 @@ class NPUCommunicator(DeviceCommunicatorBase):
         return []
 
     def all_to_all(self, output: torch.Tensor, input_: torch.Tensor) -> torch.Tensor:
+        if self.hccl is None:
+            return output.copy_(input_)
         self.hccl.all_to_all(output, input_.contiguous())
         return output
 
+    def all_to_all_v(self, output: torch.Tensor, input_: torch.Tensor,
+                     output_split_sizes: list[int], input_split_sizes: list[int]) -> torch.Tensor:
+        """Rows input_[sum(in[:j]) : +in[j]] go to rank j; rank j's rows land in order.
+        The split sizes are host values, so this is never part of a captured graph."""
+        from vllm_npu.compilation.graph_backend import get_graph_backend
+
+        if get_graph_backend().is_capturing():
+            raise RuntimeError("all_to_all_v needs host-side split sizes and cannot be "
+                               "captured in a graph; use the all-gather path there")
+        if self.hccl is None:
+            return output.copy_(input_)
+        self.hccl.all_to_all(output, input_.contiguous(), output_split_sizes,
+                             input_split_sizes)
+        return output
+
     def destroy(self) -> None:
+        # The manager holds vLLM's DP/TP groups: drop it so they can be freed with them.
+        self.all2all_manager = None
         if self.hccl is not None:
             self.hccl.destroy()
             self.hccl = None

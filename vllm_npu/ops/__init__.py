@@ -19,6 +19,10 @@ OP_NAMES = (
     "_npu_paged_attention_mla",
     "npu_attention_update",
     "npu_multi_head_latent_attention",
+    "npu_moe_gating_top_k",
+    "npu_moe_init_routing_v2",
+    "npu_grouped_matmul",
+    "npu_moe_token_unpermute",
 )
 
 if select_backend().simulated:

@@ -10,6 +10,10 @@ npu_swiglu = torch_npu.npu_swiglu
 npu_fused_infer_attention_score = torch_npu.npu_fused_infer_attention_score
 npu_attention_update = torch_npu.npu_attention_update
 npu_multi_head_latent_attention = torch_npu.atb.npu_multi_head_latent_attention
+npu_moe_gating_top_k = torch_npu.npu_moe_gating_top_k
+npu_moe_init_routing_v2 = torch_npu.npu_moe_init_routing_v2
+npu_grouped_matmul = torch_npu.npu_grouped_matmul
+npu_moe_token_unpermute = torch_npu.npu_moe_token_unpermute
 
 
 def npu_fused_infer_attention_score_out(query, key, value, *, out, workspace=None, **kwargs):

@@ -14,7 +14,17 @@ import random
 
 ARCHS = ("llama", "qwen2")
 EXTRA_ARCHS = ("mistral",  # sliding-window attention; built on request
-               "deepseek_v3")  # MLA, dense layers only; built on request
+               "deepseek_v3",  # MLA, dense layers unless DEEPSEEK_V3_MOE overrides
+               "qwen3_moe")  # softmax top-k MoE in every layer
+# DeepSeek-V3 routing on a tiny scale: a dense first layer, then MoE layers with sigmoid
+# scores, the noaux_tc correction bias, grouped top-k, a shared expert and routed scaling.
+DEEPSEEK_V3_MOE = dict(first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2,
+                       n_group=2, topk_group=1, n_shared_experts=1, moe_intermediate_size=64,
+                       routed_scaling_factor=2.5, norm_topk_prob=True, topk_method="noaux_tc",
+                       scoring_func="sigmoid")
+# The router stays at its initial scale (logits std ~0.2): scaled up, sigmoid/softmax
+# scores saturate and expert choice would hinge on ties.
+_ROUTER_PARAMS = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
 CORPUS_WORDS = ("the npu runs vllm with paged attention and a simulated device while "
                 "tokens flow through blocks of cache into every layer of the tiny model "
                 "hello world ascend serving prefix chunk decode prefill sample greedy").split()
@@ -45,7 +55,7 @@ def _train_tokenizer(path: str, vocab_size: int, seed: int):
 
 
 def _config(arch: str, vocab_size: int, bos: int, eos: int, **overrides):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3MoeConfig
 
     common = dict(vocab_size=vocab_size, hidden_size=128, intermediate_size=256,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -58,6 +68,11 @@ def _config(arch: str, vocab_size: int, bos: int, eos: int, **overrides):
         return MistralConfig(tie_word_embeddings=False, **common)
     if arch == "deepseek_v3":
         return _deepseek_v3_config(common)
+    if arch == "qwen3_moe":
+        moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+                   norm_topk_prob=True, head_dim=32, decoder_sparse_step=1)
+        moe.update(common)
+        return Qwen3MoeConfig(tie_word_embeddings=False, **moe)
     return Qwen2Config(tie_word_embeddings=True, use_sliding_window=False, **common)
 
 
@@ -92,7 +107,9 @@ def build_tiny_model(path: str, arch: str = "llama", seed: int = 0, vocab_size: 
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" not in name:
+            if name.endswith("e_score_correction_bias"):
+                p.copy_(torch.randn(p.shape) * 0.05)  # steers selection, as trained ones do
+            elif "norm" not in name and not name.endswith(_ROUTER_PARAMS):
                 p.mul_(weight_scale)
     model.save_pretrained(path, safe_serialization=True)
     with open(os.path.join(path, "generation_config.json"), "w") as f:

@@ -3,7 +3,7 @@
 Every op is graph-aware (`graph.graph_op`): under a simulated graph capture it is recorded
 as one task whose arguments stay frozen until a task update refreshes them.
 """
-from vllm_npu.ops.sim import activation, attention, attention_update, cache, mla, norm, rotary
+from vllm_npu.ops.sim import activation, attention, attention_update, cache, mla, moe, norm, rotary
 from vllm_npu.ops.sim.graph import graph_op
 
 npu_swiglu = graph_op(activation.npu_swiglu)
@@ -18,3 +18,7 @@ _npu_reshape_and_cache_siso = graph_op(mla._npu_reshape_and_cache_siso)
 _npu_paged_attention_mla = graph_op(mla._npu_paged_attention_mla)
 npu_multi_head_latent_attention = graph_op(mla.npu_multi_head_latent_attention)
 npu_attention_update = graph_op(attention_update.npu_attention_update)
+npu_moe_gating_top_k = graph_op(moe.npu_moe_gating_top_k)
+npu_moe_init_routing_v2 = graph_op(moe.npu_moe_init_routing_v2)
+npu_grouped_matmul = graph_op(moe.npu_grouped_matmul)
+npu_moe_token_unpermute = graph_op(moe.npu_moe_token_unpermute)

@@ -4,11 +4,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vllm_npu.ops.sim.checks import NPUOpError, check_dtype
+from vllm_npu.ops.sim.checks import NPUOpError, check_contiguous, check_dtype
 
 
 def npu_swiglu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     check_dtype("npu_swiglu", "x", x)
+    check_contiguous("npu_swiglu", x=x)  # op-plugin npu_swiglu doc: no non-contiguous input
     if x.shape[dim] % 2:
         raise NPUOpError(f"npu_swiglu: dim {dim} of x {tuple(x.shape)} must be even")
     a, b = x.chunk(2, dim=dim)

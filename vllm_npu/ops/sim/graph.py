@@ -61,18 +61,18 @@ class _State(threading.local):
 
 
 _state = _State()
-# vLLM's attention custom ops are opaque containers: never recorded as one frozen call;
-# what they run inside is (op-surface calls as tasks, other aten ops as entries, e.g. MLA's
-# weight-absorption matmuls around its attention task).
+# vLLM's attention and MoE custom ops are opaque containers: never recorded as one frozen
+# call; what they run inside is (op-surface calls as tasks, other aten ops as entries, e.g.
+# MLA's weight-absorption matmuls around its attention task, the MoE layer's routing).
 _OPAQUE_NAMESPACE = "vllm"
-_OPAQUE_PREFIX = "unified_"
+_OPAQUE_PREFIXES = ("unified_", "moe_forward")
 _OPAQUE_KERNEL_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 
 def _is_opaque(func) -> bool:
     name = getattr(func, "name", lambda: "")()
     ns, _, op = name.partition("::")
-    return ns == _OPAQUE_NAMESPACE and op.startswith(_OPAQUE_PREFIX)
+    return ns == _OPAQUE_NAMESPACE and op.startswith(_OPAQUE_PREFIXES)
 
 
 class _Recorder(TorchDispatchMode):

@@ -1,0 +1,1 @@
+"""Mixture-of-experts on the NPU: routing, expert placement, expert parallelism."""

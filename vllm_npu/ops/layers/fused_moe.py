@@ -1,0 +1,141 @@
+"""The unquantized fused-MoE method on the NPU (vLLM's `UnquantizedMoeBackend.OOT`).
+
+vLLM 0.33 leaves the whole MoE computation of an out-of-tree platform to the plugin
+(`UnquantizedFusedMoEMethod.process_weights_after_loading`: "OOT handles internally").
+This method is monolithic: vLLM's runner hands it router logits, it routes
+(`npu_moe_gating_top_k`), maps logical experts to physical slots (replicas allowed),
+moves tokens between expert-parallel ranks and runs its own slots' grouped matmuls.
+Shared experts, the routed scaling vLLM applies to the output, and the final TP
+all-reduce stay with vLLM's runner. No host sync on the all-gather path, so decode
+graphs capture it.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+from vllm.distributed import get_tp_group
+from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+    UnquantizedFusedMoEMethod,
+)
+
+from vllm_npu.config import get_npu_config
+from vllm_npu.moe import dispatch, expert_map
+from vllm_npu.moe.experts import run_local_experts
+from vllm_npu.moe.routing import routing_problems, select_experts
+
+logger = logging.getLogger("vllm.npu")
+
+
+def _layer_id(layer_name: str) -> int:
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    return extract_layer_index(layer_name)
+
+
+@UnquantizedFusedMoEMethod.register_oot
+class NPUUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
+
+    @property
+    def is_monolithic(self) -> bool:
+        return True
+
+    @property
+    def supports_internal_mk(self) -> bool:
+        # This method moves tokens between DP ranks itself: vLLM's naive dispatch is off.
+        return True
+
+    @property
+    def supports_eplb(self) -> bool:
+        return False  # the NPU EPLB runtime changes the placement (expert_map.py) instead
+
+    # ---- weights ---------------------------------------------------------------------
+    def create_weights(self, layer, num_experts: int, hidden_size: int,
+                       intermediate_size_per_partition: int, params_dtype: torch.dtype,
+                       **extra_weight_attrs):
+        self._check_supported(layer)
+        parallel = self.moe.moe_parallel_config
+        ep_size = parallel.ep_size if parallel.use_ep else 1
+        logical = self.moe.num_logical_experts
+        self.options = options = get_npu_config().moe  # forward runs without a current config
+        self.layer_id = _layer_id(layer.layer_name)
+        if options.expert_map_path:
+            self.placement = expert_map.load_placement(options.expert_map_path, self.layer_id,
+                                                       logical, ep_size)
+        else:
+            self.placement = expert_map.ExpertPlacement.linear(logical, ep_size)
+        # The attention TP group (with EP, vLLM's MoE config reports tp_size 1).
+        tp = get_tp_group()
+        self.layout = dispatch.EPLayout(
+            ep_rank=parallel.ep_rank if parallel.use_ep else 0, ep_size=ep_size,
+            tp_rank=tp.rank_in_group, tp_size=tp.world_size, dp_size=parallel.dp_size,
+            slots_per_rank=self.placement.slots_per_rank)
+        self._local = self.placement.local_experts(self.layout.ep_rank)
+        extra_weight_attrs["weight_loader"] = self._weight_loader(layer)
+        super().create_weights(layer, len(self._local), hidden_size,
+                               intermediate_size_per_partition, params_dtype,
+                               **extra_weight_attrs)
+        log2phy, replicas = self.placement.tables()
+        device = layer.w13_weight.device
+        self.log2phy, self.replicas = log2phy.to(device), replicas.to(device)
+
+    def _check_supported(self, layer) -> None:
+        problems = routing_problems(layer, self.moe.num_logical_experts)
+        if not self.moe.is_act_and_mul or self.moe.activation.value != "silu":
+            problems.append(f"activation {self.moe.activation.value!r} (the NPU MoE path "
+                            "runs SwiGLU: 'silu' gated experts)")
+        if self.moe.has_bias:
+            problems.append("expert biases")
+        if problems:
+            raise ValueError(f"MoE layer {layer.layer_name} cannot run on the NPU: "
+                             f"{'; '.join(problems)}")
+
+    def _weight_loader(self, layer):
+        """Load checkpoint expert `expert_id` into every local slot that holds it."""
+        def load(param, loaded_weight, weight_name, shard_id, expert_id,
+                 return_success=False):
+            slots = [s for s, e in enumerate(self._local) if e == expert_id]
+            if loaded_weight.dim() != 2 or shard_id not in ("w1", "w2", "w3"):
+                raise ValueError(f"{layer.layer_name}: unexpected expert weight "
+                                 f"{weight_name} {tuple(loaded_weight.shape)} ({shard_id})")
+            tp_rank = layer.moe_config.tp_rank
+            for slot in slots:
+                if shard_id == "w2":
+                    layer._load_w2(expert_data=param.data[slot], shard_dim=1,
+                                   loaded_weight=loaded_weight, tp_rank=tp_rank)
+                else:
+                    layer._load_w13(expert_data=param.data[slot], shard_dim=0,
+                                    shard_id=shard_id, loaded_weight=loaded_weight,
+                                    tp_rank=tp_rank)
+            return bool(slots) if return_success else None
+
+        load.supports_moe_loading = True
+        return load
+
+    def process_weights_after_loading(self, layer) -> None:
+        super().process_weights_after_loading(layer)  # returns early for the OOT backend
+        expert_map.register_loaded(self.layer_id, self.placement)
+
+    # ---- forward ---------------------------------------------------------------------
+    def apply_monolithic(self, layer, x: torch.Tensor, router_logits: torch.Tensor,
+                         input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        weights, ids = select_experts(layer, router_logits)
+        slots = expert_map.to_physical(ids, self.log2phy, self.replicas)
+        weights = weights.to(x.dtype)
+        w13, w2 = layer.w13_weight, layer.w2_weight
+        layout = self.layout
+        if layout.ep_size == 1:
+            return run_local_experts(x, weights, slots, w13, w2, 0, layout.num_physical)
+        options = self.options
+        sizes = dispatch.dp_sizes() if layout.dp_size > 1 else None
+        mode = dispatch.dispatch_mode(options.ep_dispatch, options.all_to_all_min_tokens,
+                                      max(sizes) if sizes else x.shape[0], _capturing())
+        if mode == "all_to_all":
+            return dispatch.all_to_all_experts(x, weights, slots, w13, w2, layout)
+        return dispatch.all_gather_experts(x, weights, slots, w13, w2, layout)
+
+
+def _capturing() -> bool:
+    from vllm_npu.compilation.graph_backend import get_graph_backend
+
+    return get_graph_backend().is_capturing()
