@@ -78,6 +78,10 @@ class NPUUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         log2phy, replicas = self.placement.tables()
         device = layer.w13_weight.device
         self.log2phy, self.replicas = log2phy.to(device), replicas.to(device)
+        # Pairs this rank's tokens routed to each physical slot, since the last reset
+        # (EPLB's load window; read by vllm_npu.eplb.adaptor). Counted on the device.
+        self.expert_load = torch.zeros(self.placement.num_physical, dtype=torch.int64,
+                                       device=device)
 
     def _check_supported(self, layer) -> None:
         problems = routing_problems(layer, self.moe.num_logical_experts)
@@ -121,6 +125,8 @@ class NPUUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
                          input_ids: torch.Tensor | None = None) -> torch.Tensor:
         weights, ids = select_experts(layer, router_logits)
         slots = expert_map.to_physical(ids, self.log2phy, self.replicas)
+        flat = slots.reshape(-1).long()
+        self.expert_load.index_add_(0, flat, torch.ones_like(flat))  # graph-capturable
         weights = weights.to(x.dtype)
         w13, w2 = layer.w13_weight, layer.w2_weight
         layout = self.layout
