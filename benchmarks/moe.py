@@ -67,7 +67,7 @@ def bytes_table(args) -> list[str]:
     act = 2  # bf16
     rows = ["| EP=DP | tokens / rank | all-gather KiB | all-to-all KiB | a2a / ag |",
             "|---:|---:|---:|---:|---:|"]
-    for ep in (2, 8, 32):
+    for ep in (d for d in (2, 8, 32) if args.experts % d == 0):
         slots = e // ep
         for tokens in (1, 16, 256):
             logits = torch.randn(tokens, e, generator=g)

@@ -37,14 +37,18 @@ def _inputs(batch: int, context: int, max_blocks: int):
 
 
 def measure(batch: int, context: int, iters: int) -> tuple[float, float]:
+    from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     from vllm_npu.attention.backend import NPUAttentionMetadataBuilder
+    from vllm_npu.config import NPUConfig, set_npu_config
     from vllm_npu.worker.slot_mapping import compute_slot_mapping
 
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=8, head_size=128,
                              dtype=torch.bfloat16)
-    builder = NPUAttentionMetadataBuilder(spec, ["layer.0"], None, torch.device("cpu"))
+    set_npu_config(NPUConfig())  # defaults, as `vllm serve` without --additional-config
+    builder = NPUAttentionMetadataBuilder(spec, ["layer.0"], VllmConfig(),
+                                          torch.device("cpu"))
     meta, positions = _inputs(batch, context, -(-context // BLOCK))
     slot_times, build_times = [], []
     for _ in range(iters):

@@ -52,11 +52,10 @@ def _expected(path: str, prompts, n: int = 12) -> list[list[int]]:
 
 
 def _worker_moe_state(worker) -> dict:
+    from vllm_npu.eplb.adaptor import moe_layers
     from vllm_npu.moe import dispatch
-    from vllm_npu.ops.layers.fused_moe import NPUUnquantizedFusedMoEMethod
 
-    model = worker.model_runner.get_model()
-    methods = [m for m in model.modules() if isinstance(m, NPUUnquantizedFusedMoEMethod)]
+    methods = [v.method for v in moe_layers(worker.model_runner.get_model())]
     return {"modes": sorted(dispatch._seen), "local": [m._local for m in methods],
             "replicas": [m.replicas.tolist() for m in methods]}
 

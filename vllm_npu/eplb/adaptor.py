@@ -39,17 +39,22 @@ class MoELayerView:
         return self.method.expert_load
 
 
+def moe_layers(model: torch.nn.Module) -> list[MoELayerView]:
+    """The model's MoE layers on the NPU fused-MoE method, by decoder layer id."""
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+
+    from vllm_npu.ops.layers.fused_moe import NPUUnquantizedFusedMoEMethod
+
+    views = [MoELayerView(m.quant_method.layer_id, m, m.quant_method)
+             for m in model.modules()
+             if isinstance(m, RoutedExperts)
+             and isinstance(m.quant_method, NPUUnquantizedFusedMoEMethod)]
+    return sorted(views, key=lambda v: v.layer_id)
+
+
 class VllmEplbAdaptor:
     def __init__(self, model: torch.nn.Module) -> None:
-        from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
-
-        from vllm_npu.ops.layers.fused_moe import NPUUnquantizedFusedMoEMethod
-
-        views = [MoELayerView(m.quant_method.layer_id, m, m.quant_method)
-                 for m in model.modules()
-                 if isinstance(m, RoutedExperts)
-                 and isinstance(m.quant_method, NPUUnquantizedFusedMoEMethod)]
-        self.layers = sorted(views, key=lambda v: v.layer_id)
+        self.layers = moe_layers(model)
         if not self.layers:
             raise ValueError("the model has no MoE layers on the NPU fused-MoE method")
 

@@ -71,8 +71,9 @@ def dp_sizes() -> list[int] | None:
     return None if meta is None else meta.num_tokens_across_dp_cpu.tolist()
 
 
-def all_gather_experts(x, weights, slots, w13, w2, layout: EPLayout) -> torch.Tensor:
-    sizes = dp_sizes() if layout.dp_size > 1 else None
+def all_gather_experts(x, weights, slots, w13, w2, layout: EPLayout,
+                       sizes: list[int] | None) -> torch.Tensor:
+    """`sizes`: every DP rank's token count (None without DP)."""
     if sizes is not None:
         from vllm.distributed import get_dp_group
 

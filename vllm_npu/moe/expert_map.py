@@ -148,30 +148,15 @@ def dump_placements(placements: dict[int, ExpertPlacement], path: str) -> None:
         json.dump(doc, f, indent=1)
 
 
-_loaded: dict[int, ExpertPlacement] = {}
 
-
-def register_loaded(layer_id: int, placement: ExpertPlacement) -> None:
-    """Record a MoE layer's placement once its weights are loaded (for export)."""
-    _loaded[layer_id] = placement
-
-
-def loaded_placements() -> dict[int, ExpertPlacement]:
-    return dict(_loaded)
-
-
-def forget_loaded() -> None:
-    _loaded.clear()
-
-
-def export_loaded(path: str) -> str | None:
-    """Write the loaded layers' placement from EP rank 0 (per pipeline stage:
-    `<path>.pp<stage>` when there are several). Returns the path written, if any."""
+def export_placements(placements: dict[int, ExpertPlacement], path: str) -> str | None:
+    """Write the placements from EP rank 0 (per pipeline stage: `<path>.pp<stage>` when
+    there are several). Returns the path written, if any."""
     from vllm.distributed import get_ep_group, get_pp_group
 
-    if not _loaded or get_ep_group().rank_in_group != 0:
+    if not placements or get_ep_group().rank_in_group != 0:
         return None
     pp = get_pp_group()
     target = path if pp.world_size == 1 else f"{path}.pp{pp.rank_in_group}"
-    dump_placements(_loaded, target)
+    dump_placements(placements, target)
     return target

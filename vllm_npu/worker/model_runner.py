@@ -31,6 +31,7 @@ from vllm_npu.attention import prefill_context_parallel as pcp
 from vllm_npu.compilation.acl_graph import ACLGraphWrapper
 from vllm_npu.compilation.graph_params import GRAPH_PARAMS, update_attention_tasks
 from vllm_npu.config import get_npu_config
+from vllm_npu.eplb.adaptor import moe_layers
 from vllm_npu.moe import expert_map
 
 logger = logging.getLogger("vllm.npu")
@@ -38,11 +39,12 @@ logger = logging.getLogger("vllm.npu")
 
 class NPUModelRunner(GPUModelRunner):
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        expert_map.forget_loaded()
         super().load_model(*args, **kwargs)
         export_path = get_npu_config().moe.export_expert_map_path
-        if export_path and (written := expert_map.export_loaded(export_path)):
-            logger.info("vllm_npu: wrote the expert placement to %s", written)
+        if export_path:
+            placements = {v.layer_id: v.placement for v in moe_layers(self.get_model())}
+            if written := expert_map.export_placements(placements, export_path):
+                logger.info("vllm_npu: wrote the expert placement to %s", written)
         if isinstance(self.model, CUDAGraphWrapper):
             self.model = ACLGraphWrapper(self.model.runnable, self.vllm_config,
                                          runtime_mode=CUDAGraphMode.FULL)

@@ -11,7 +11,6 @@ graphs capture it.
 """
 from __future__ import annotations
 
-import logging
 
 import torch
 from vllm.distributed import get_tp_group
@@ -24,7 +23,6 @@ from vllm_npu.moe import dispatch, expert_map
 from vllm_npu.moe.experts import run_local_experts
 from vllm_npu.moe.routing import routing_problems, select_experts
 
-logger = logging.getLogger("vllm.npu")
 
 
 def _layer_id(layer_name: str) -> int:
@@ -116,10 +114,6 @@ class NPUUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         load.supports_moe_loading = True
         return load
 
-    def process_weights_after_loading(self, layer) -> None:
-        super().process_weights_after_loading(layer)  # returns early for the OOT backend
-        expert_map.register_loaded(self.layer_id, self.placement)
-
     # ---- forward ---------------------------------------------------------------------
     def apply_monolithic(self, layer, x: torch.Tensor, router_logits: torch.Tensor,
                          input_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -138,7 +132,7 @@ class NPUUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
                                       max(sizes) if sizes else x.shape[0], _capturing())
         if mode == "all_to_all":
             return dispatch.all_to_all_experts(x, weights, slots, w13, w2, layout)
-        return dispatch.all_gather_experts(x, weights, slots, w13, w2, layout)
+        return dispatch.all_gather_experts(x, weights, slots, w13, w2, layout, sizes)
 
 
 def _capturing() -> bool:

@@ -1,0 +1,33 @@
+"""Every benchmark script runs to the end at its smallest settings and prints its table:
+a benchmark nobody runs rots. (The EPLB policy benchmark, a thin wrapper over
+vllm_npu.eplb.bench, runs end to end in tests/eplb/test_workload_bench.py.)"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+RUNS = {
+    "step_overhead.py": ["--iters", "2", "--batches", "1", "4", "--contexts", "128"],
+    "graph_replay.py": ["--batches", "1", "2", "--iters", "1"],
+    "collectives.py": ["--max-mib", "1", "--seconds", "0.02"],
+    "moe.py": ["--hidden", "64", "--inter", "32", "--experts", "16", "--top-k", "4",
+               "--repeats", "1"],
+}
+
+
+def test_every_benchmark_script_is_covered():
+    scripts = {p.name for p in BENCH.glob("*.py")} - {"timing.py", "eplb_policies.py"}
+    assert scripts == set(RUNS)
+
+
+@pytest.mark.parametrize("script", list(RUNS))
+def test_benchmark_runs_to_the_end(script, tmp_path):
+    out = subprocess.run([sys.executable, str(BENCH / script), *RUNS[script]],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
+    assert len(rows) >= 3, out.stdout[-2000:]  # header, rule, at least one result row
