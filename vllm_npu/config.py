@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
 class MoEOptions(BaseModel):
@@ -28,6 +28,35 @@ class MoEOptions(BaseModel):
     all_to_all_min_tokens: int = Field(default=64, ge=1)
 
 
+class EplbOptions(BaseModel):
+    """The NPU EPLB runtime (`"eplb": {...}`; vllm_npu/eplb/updator.py)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Placement policy, one of vllm_npu.eplb.available_policies().
+    policy: str = "flashlb"
+    # MoE layers whose experts move per engine step while a rebalance migrates.
+    layers_per_step: int = Field(default=1, ge=1)
+    # A layer whose weight transfer takes longer is rolled back (old placement kept).
+    transfer_timeout_s: float = Field(default=30.0, gt=0)
+    # Copied by the platform from vLLM's --enable-eplb / --eplb-config (vLLM's own EPLB
+    # stays off on the NPU; see NPUPlatform._take_over_eplb).
+    enabled: bool = False
+    num_redundant_experts: int = Field(default=0, ge=0)
+    window_size: int = Field(default=1000, gt=0)
+    step_interval: int = Field(default=3000, gt=0)
+    log_balancedness: bool = False
+    log_balancedness_interval: int = Field(default=1, gt=0)
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        from vllm_npu.eplb.policy import available_policies
+
+        if name not in available_policies():
+            raise ValueError(f"unknown EPLB policy; valid: {available_policies()}")
+        return name
+
+
 class NPUConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -37,6 +66,7 @@ class NPUConfig(BaseModel):
     # uses) or the fused-infer-attention op that also serves prefill and mixed batches.
     decode_attention_op: Literal["paged_attention", "fused_infer_attention"] = "paged_attention"
     moe: MoEOptions = MoEOptions()
+    eplb: EplbOptions = EplbOptions()
 
     @classmethod
     def from_additional_config(cls, raw: dict[str, Any] | None) -> "NPUConfig":
@@ -51,10 +81,14 @@ class NPUConfig(BaseModel):
         except ValidationError as e:
             problems = "; ".join(
                 f"{'.'.join(map(str, err['loc']))}={_value_at(raw, err['loc'])!r}: {err['msg']}"
-                + (f" (valid keys: {sorted(MoEOptions.model_fields)})"
-                   if err["type"] == "extra_forbidden" and err["loc"][0] == "moe" else "")
+                + (f" (valid keys: {sorted(_SECTIONS[err['loc'][0]].model_fields)})"
+                   if err["type"] == "extra_forbidden" and err["loc"][0] in _SECTIONS
+                   else "")
                 for err in e.errors())
             raise ValueError(f"Invalid --additional-config for vllm_npu: {problems}") from None
+
+
+_SECTIONS = {"moe": MoEOptions, "eplb": EplbOptions}
 
 
 def _value_at(raw: dict, loc: tuple):

@@ -79,5 +79,34 @@ HCCL_SIM_TIMEOUT_S = EnvVar("HCCL_SIM_TIMEOUT_S", 60.0, _positive_float,
 HCCL_SIM_BUFFER_MB = EnvVar("HCCL_SIM_BUFFER_MB", 16.0, _positive_float,
                             "Simulator: MiB of shared staging memory per communicator.")
 
+
+@dataclass(frozen=True)
+class TransferFault:
+    layer_id: int
+    rank: int  # EP rank
+    kind: str  # "error": the received weights fail; "timeout": the transfer overruns
+
+
+def _transfer_faults(name: str, raw: str) -> tuple[TransferFault, ...]:
+    faults = []
+    for item in filter(None, (x.strip() for x in raw.split(","))):
+        parts = item.split(":")
+        kind = parts[2] if len(parts) == 3 else "error"
+        try:
+            layer, rank = int(parts[0]), int(parts[1])
+        except (ValueError, IndexError):
+            layer = rank = -1
+        if len(parts) not in (2, 3) or min(layer, rank) < 0 or kind not in ("error", "timeout"):
+            raise ValueError(f"{name}={raw!r}: expected comma-separated "
+                             "'<layer_id>:<ep_rank>[:error|timeout]', e.g. '1:0,3:1:timeout'")
+        faults.append(TransferFault(layer, rank, kind))
+    return tuple(faults)
+
+
+NPU_EPLB_FAIL_TRANSFER = EnvVar(
+    "NPU_EPLB_FAIL_TRANSFER", (), _transfer_faults,
+    "Fault injection: comma-separated '<layer_id>:<ep_rank>[:error|timeout]'; each fails "
+    "that rank's first EPLB weight transfer of that MoE layer once (tests the rollback).")
+
 ALL = (NPU_PLUGIN_DISABLE, NPU_PLUGIN_SIMULATE, NPU_SIM_MEMORY_GB, NPU_SIM_DEVICE_COUNT,
-       HCCL_LIBRARY_PATH, HCCL_SIM_TIMEOUT_S, HCCL_SIM_BUFFER_MB)
+       HCCL_LIBRARY_PATH, HCCL_SIM_TIMEOUT_S, HCCL_SIM_BUFFER_MB, NPU_EPLB_FAIL_TRANSFER)

@@ -176,9 +176,13 @@ class NPUPlatform(Platform):
     def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
         log_backend()
         npu_config = NPUConfig.from_additional_config(vllm_config.additional_config)
+        parallel = vllm_config.parallel_config
+        if parallel.enable_eplb:
+            from vllm_npu.eplb.startup import take_over_eplb
+
+            npu_config = take_over_eplb(vllm_config)
         set_npu_config(npu_config)
 
-        parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":
             parallel.worker_cls = "vllm_npu.worker.worker.NPUWorker"
         if parallel.enable_dbo:

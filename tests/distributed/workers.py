@@ -389,7 +389,62 @@ def t_device_communicator(ctx) -> dict:
     return checks
 
 
+def _random_placement(rng, experts: int, world: int, slots: int) -> list[int]:
+    from vllm_npu.moe.expert_map import ExpertMapError, ExpertPlacement
+
+    while True:
+        extra = rng.choice(experts, world * slots - experts).tolist()
+        phy2log = rng.permutation(list(range(experts)) + extra).tolist()
+        try:
+            return list(ExpertPlacement(experts, world, tuple(phy2log)).phy2log)
+        except ExpertMapError:
+            continue
+
+
+def t_eplb_transfer(ctx, seed: int, fault: str = "", timeout_s: float = 30.0) -> dict:
+    """One layer's experts moved by the D2D loader from one random placement to another;
+    every local slot is then compared with the expert the new map names."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from vllm_npu.distributed.communicator import NPUCommunicator
+    from vllm_npu.eplb.transfer import D2DExpertWeightLoader, EPGroup, plan_transfers
+
+    rank, world = ctx["rank"], ctx["world"]
+    os.environ["NPU_EPLB_FAIL_TRANSFER"] = fault
+    experts, slots = 6, 3 + (world == 2)
+    rng = np.random.default_rng(seed)
+    old = _random_placement(rng, experts, world, slots)
+    new = _random_placement(rng, experts, world, slots)
+
+    def weight(e: int, shape, salt: int) -> torch.Tensor:
+        return torch.randn(shape, generator=torch.Generator().manual_seed(100 * e + salt))
+
+    def layer(placement):
+        mine = placement[rank * slots:(rank + 1) * slots]
+        return (torch.stack([weight(e, (8, 5), 1) for e in mine]),
+                torch.stack([weight(e, (5, 4), 2) for e in mine]))
+
+    weights = layer(old)
+    comm = NPUCommunicator(dist.group.WORLD, torch.device("cpu"))
+    try:
+        group = EPGroup(dist.group.WORLD, comm, rank, world, list(range(world)), 1)
+        loader = D2DExpertWeightLoader(group, *weights, slots, timeout_s)
+        transfers = plan_transfers(old, new, slots)
+        error = loader.transfer(7, weights, transfers)
+        if error is None:
+            loader.commit(weights, transfers)
+        moved = loader.bytes_moved(weights, transfers)
+    finally:
+        comm.destroy()
+    want = layer(old if error else new)
+    return {"error": error, "moved": moved, "changed": sum(t.dst_rank == rank for t in transfers),
+            "consistent": all(torch.equal(w, x) for w, x in zip(weights, want))}
+
+
 TASKS = {
+    "eplb_transfer": t_eplb_transfer,
     "device_communicator": t_device_communicator,
     "info": t_info,
     "all_reduce": t_all_reduce,

@@ -52,3 +52,29 @@ def test_pcp_patch_drops_only_prefill_context_parallel():
     assert method(cfg) == [f for f in upstream if f != "prefill context parallel"]
     patch_pkg.apply_all()
     assert VllmConfig._get_v1_model_runner_unsupported_features is method  # idempotent
+
+
+def test_eplb_patch_accepts_enable_eplb_and_keeps_vllms_other_checks():
+    """On the NPU, `enable_eplb` passes ParallelConfig; vLLM's EP and world-size checks
+    still stop startup with vLLM's messages; without the patch vLLM refuses the platform."""
+    import pytest
+    from vllm.config import ParallelConfig
+    from vllm.config.parallel import EPLBConfig
+
+    patch_pkg.apply_all()
+    validator = ParallelConfig._validate_parallel_config
+    assert getattr(validator, "_vllm_npu_patched", False)
+    cfg = ParallelConfig(enable_eplb=True, enable_expert_parallel=True,
+                         tensor_parallel_size=2,
+                         eplb_config=EPLBConfig(num_redundant_experts=2))
+    assert cfg.enable_eplb and cfg.eplb_config.num_redundant_experts == 2
+    with pytest.raises(ValueError, match="enable_expert_parallel must be True to use EPLB"):
+        ParallelConfig(enable_eplb=True, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="EPLB requires tensor, prefill-context, or data"):
+        ParallelConfig(enable_eplb=True, enable_expert_parallel=True)
+    with pytest.raises(ValueError, match="num_redundant_experts is set to 1 but EPLB"):
+        ParallelConfig(eplb_config=EPLBConfig(num_redundant_experts=1))
+    with pytest.raises(ValueError, match="only supported on CUDA devices"):
+        validator.__wrapped__(cfg)  # what vLLM alone says on this platform
+    patch_pkg.apply_all()
+    assert ParallelConfig._validate_parallel_config is validator  # idempotent

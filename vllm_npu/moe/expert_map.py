@@ -62,6 +62,25 @@ class ExpertPlacement:
                 "moe.expert_map_path) so every rank holds the same number")
         return cls(num_experts, ep_size, tuple(range(num_experts)))
 
+    @classmethod
+    def spread(cls, num_experts: int, ep_size: int, redundant: int) -> "ExpertPlacement":
+        """Slot p holds expert p % num_experts: the linear placement followed by one extra
+        replica each of experts 0..redundant-1 (EPLB's starting point)."""
+        if not redundant:
+            return cls.linear(num_experts, ep_size)
+        slots = num_experts + redundant
+        if slots % ep_size:
+            raise ExpertMapError(
+                f"{num_experts} experts + {redundant} redundant = {slots} physical experts "
+                f"do not split evenly over {ep_size} expert-parallel ranks")
+        return cls(num_experts, ep_size, tuple(p % num_experts for p in range(slots)))
+
+    @property
+    def max_replicas(self) -> int:
+        """Most slots any placement of this shape can give one expert (every expert keeps
+        one slot, a rank holds an expert once): the width of graph-stable tables."""
+        return min(self.ep_size, 1 + self.num_physical - self.num_experts)
+
     @property
     def slots_per_rank(self) -> int:
         return len(self.phy2log) // self.ep_size
@@ -74,12 +93,13 @@ class ExpertPlacement:
         s = self.slots_per_rank
         return list(self.phy2log[rank * s:(rank + 1) * s])
 
-    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log2phy [E, max replicas] int64, replicas [E] int64)."""
+    def tables(self, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log2phy [E, width] int64, replicas [E] int64); width defaults to this
+        placement's most replicas (max_replicas keeps the shape across placements)."""
         slots: list[list[int]] = [[] for _ in range(self.num_experts)]
         for p, e in enumerate(self.phy2log):
             slots[e].append(p)
-        width = max(len(s) for s in slots)
+        width = width or max(len(s) for s in slots)
         log2phy = torch.tensor([(s * width)[:width] for s in slots], dtype=torch.int64)
         replicas = torch.tensor([len(s) for s in slots], dtype=torch.int64)
         return log2phy, replicas

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import importlib
 
-PATCHES: tuple[str, ...] = ("patch_accelerator_cleanup", "patch_v1_runner_pcp")
+PATCHES: tuple[str, ...] = ("patch_accelerator_cleanup", "patch_parallel_config_eplb",
+                             "patch_v1_runner_pcp")
 
 
 def apply_all() -> list[str]:

@@ -91,10 +91,15 @@ def _deepseek_v3_config(common: dict):
 
 
 def build_tiny_model(path: str, arch: str = "llama", seed: int = 0, vocab_size: int = 512,
-                     weight_scale: float = 4.0, **config_overrides) -> str:
-    """Write a checkpoint to `path` (if absent) and return the path."""
+                     weight_scale: float = 4.0, hot_experts: tuple[int, ...] = (),
+                     **config_overrides) -> str:
+    """Write a checkpoint to `path` (if absent) and return the path. `hot_experts`
+    (DeepSeek-V3 MoE only): experts whose selection bias is raised by 1, so the router
+    picks them for nearly every token (a skewed load for EPLB)."""
     if arch not in ARCHS + EXTRA_ARCHS:
         raise ValueError(f"arch={arch!r}; valid: {ARCHS + EXTRA_ARCHS}")
+    if hot_experts and arch != "deepseek_v3":
+        raise ValueError(f"hot_experts needs arch 'deepseek_v3' (a selection bias), not {arch!r}")
     if os.path.exists(os.path.join(path, "config.json")):
         return path
     import torch
@@ -109,6 +114,7 @@ def build_tiny_model(path: str, arch: str = "llama", seed: int = 0, vocab_size: 
         for name, p in model.named_parameters():
             if name.endswith("e_score_correction_bias"):
                 p.copy_(torch.randn(p.shape) * 0.05)  # steers selection, as trained ones do
+                p[list(hot_experts)] += 1.0
             elif "norm" not in name and not name.endswith(_ROUTER_PARAMS):
                 p.mul_(weight_scale)
     model.save_pretrained(path, safe_serialization=True)

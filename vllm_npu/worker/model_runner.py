@@ -38,13 +38,24 @@ logger = logging.getLogger("vllm.npu")
 
 
 class NPUModelRunner(GPUModelRunner):
+    npu_eplb = None  # EplbUpdator when EPLB is on (vLLM's own EplbState stays off)
+
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         super().load_model(*args, **kwargs)
-        export_path = get_npu_config().moe.export_expert_map_path
+        config = get_npu_config()
+        export_path = config.moe.export_expert_map_path
         if export_path:
             placements = {v.layer_id: v.placement for v in moe_layers(self.get_model())}
             if written := expert_map.export_placements(placements, export_path):
                 logger.info("vllm_npu: wrote the expert placement to %s", written)
+        if config.eplb.enabled:
+            from vllm_npu.eplb.adaptor import VllmEplbAdaptor
+            from vllm_npu.eplb.transfer import EPGroup
+            from vllm_npu.eplb.updator import EplbUpdator
+
+            # Before graphs are captured: the layers' load counters move into its recorder.
+            self.npu_eplb = EplbUpdator(VllmEplbAdaptor(self.get_model()), config.eplb,
+                                        EPGroup.from_vllm(), export_path)
         if isinstance(self.model, CUDAGraphWrapper):
             self.model = ACLGraphWrapper(self.model.runnable, self.vllm_config,
                                          runtime_mode=CUDAGraphMode.FULL)
@@ -67,10 +78,17 @@ class NPUModelRunner(GPUModelRunner):
         finally:
             set_cudagraph_capturing_enabled(False)
         lock_workspace()
+        if self.npu_eplb is not None:
+            self.npu_eplb.recorder.clear()  # capture batches are not load
         logger.info("vllm_npu: captured %d ACL graphs in %.1f s",
                     ACLGraphWrapper.stats.captures - captures_before,
                     time.perf_counter() - start)
         return 0
+
+    def eplb_step(self, is_dummy: bool = False, is_profile: bool = False) -> None:
+        """vLLM calls this after every step (dummy ones too, so DP ranks stay in step)."""
+        if self.npu_eplb is not None:
+            self.npu_eplb.step(is_dummy, is_profile)
 
     def _model_forward(self, input_ids: torch.Tensor | None = None,
                        positions: torch.Tensor | None = None, intermediate_tensors=None,

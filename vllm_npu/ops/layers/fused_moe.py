@@ -55,13 +55,10 @@ class NPUUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         parallel = self.moe.moe_parallel_config
         ep_size = parallel.ep_size if parallel.use_ep else 1
         logical = self.moe.num_logical_experts
-        self.options = options = get_npu_config().moe  # forward runs without a current config
+        config = get_npu_config()
+        self.options = options = config.moe  # forward runs without a current config
         self.layer_id = _layer_id(layer.layer_name)
-        if options.expert_map_path:
-            self.placement = expert_map.load_placement(options.expert_map_path, self.layer_id,
-                                                       logical, ep_size)
-        else:
-            self.placement = expert_map.ExpertPlacement.linear(logical, ep_size)
+        self.placement = _initial_placement(config, self.layer_id, logical, ep_size)
         # The attention TP group (with EP, vLLM's MoE config reports tp_size 1).
         tp = get_tp_group()
         self.layout = dispatch.EPLayout(
@@ -73,13 +70,22 @@ class NPUUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         super().create_weights(layer, len(self._local), hidden_size,
                                intermediate_size_per_partition, params_dtype,
                                **extra_weight_attrs)
-        log2phy, replicas = self.placement.tables()
+        log2phy, replicas = self.placement.tables(self.placement.max_replicas)
         device = layer.w13_weight.device
         self.log2phy, self.replicas = log2phy.to(device), replicas.to(device)
         # Pairs this rank's tokens routed to each physical slot, since the last reset
         # (EPLB's load window; read by vllm_npu.eplb.adaptor). Counted on the device.
         self.expert_load = torch.zeros(self.placement.num_physical, dtype=torch.int64,
                                        device=device)
+
+    def set_placement(self, placement: expert_map.ExpertPlacement) -> None:
+        """Route by a new placement (the EPLB runtime moved the weights first). The
+        tables change in place: captured graphs keep reading the same tensors."""
+        log2phy, replicas = placement.tables(self.placement.max_replicas)
+        self.log2phy.copy_(log2phy)
+        self.replicas.copy_(replicas)
+        self.placement = placement
+        self._local = placement.local_experts(self.layout.ep_rank)
 
     def _check_supported(self, layer) -> None:
         problems = routing_problems(layer, self.moe.num_logical_experts)
@@ -133,6 +139,22 @@ class NPUUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         if mode == "all_to_all":
             return dispatch.all_to_all_experts(x, weights, slots, w13, w2, layout)
         return dispatch.all_gather_experts(x, weights, slots, w13, w2, layout, sizes)
+
+
+def _initial_placement(config, layer_id: int, experts: int,
+                       ep_size: int) -> expert_map.ExpertPlacement:
+    """The expert map file's placement, else linear plus EPLB's redundant replicas."""
+    redundant = config.eplb.num_redundant_experts if config.eplb.enabled else 0
+    path = config.moe.expert_map_path
+    if not path:
+        return expert_map.ExpertPlacement.spread(experts, ep_size, redundant)
+    placement = expert_map.load_placement(path, layer_id, experts, ep_size)
+    if redundant and placement.num_physical != experts + redundant:
+        raise expert_map.ExpertMapError(
+            f"expert map {path!r}, layer {layer_id}: {placement.num_physical} physical "
+            f"experts, but --eplb-config num_redundant_experts={redundant} asks for "
+            f"{experts} + {redundant} = {experts + redundant}")
+    return placement
 
 
 def _capturing() -> bool:
