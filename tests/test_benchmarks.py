@@ -16,6 +16,9 @@ RUNS = {
     "collectives.py": ["--max-mib", "1", "--seconds", "0.02"],
     "moe.py": ["--hidden", "64", "--inter", "32", "--experts", "16", "--top-k", "4",
                "--repeats", "1"],
+    "eplb_runtime.py": ["--world", "2", "--experts", "8", "--redundant", "2", "--top-k", "2",
+                        "--layers", "2", "--hidden", "64", "--window", "4", "--repeats", "2",
+                        "--eval-seeds", "100"],
 }
 
 

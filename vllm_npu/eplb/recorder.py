@@ -16,6 +16,13 @@ from vllm_npu.eplb.adaptor import MoELayerView
 from vllm_npu.moe.expert_map import ExpertPlacement
 
 
+def count_pairs(load: torch.Tensor, slots: torch.Tensor) -> None:
+    """Add a batch's (token, slot) pairs to a per-slot counter: device ops only, so it is
+    captured into graphs with the MoE layer (called by the NPU fused-MoE forward)."""
+    flat = slots.reshape(-1).long()
+    load.index_add_(0, flat, torch.ones_like(flat))
+
+
 class LoadRecorder:
     def __init__(self, views: list[MoELayerView], window_size: int) -> None:
         first = views[0].placement

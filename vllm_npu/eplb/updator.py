@@ -51,6 +51,7 @@ class Rebalance:
     plan_s: float = 0.0
     transfer_s: float = 0.0
     total_s: float = 0.0
+    step: int = 0  # engine step at which it completed
 
 
 class EplbUpdator:
@@ -197,6 +198,7 @@ class EplbUpdator:
         rec = self._current
         rec.balancedness_after = balancedness(self._load, self._phy2log(), self.group.size)
         rec.total_s = time.perf_counter() - self._t0
+        rec.step = self.total_steps
         self.history.append(rec)
         self.state = "collect"
         if self.group.rank != 0:

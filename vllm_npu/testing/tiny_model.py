@@ -112,11 +112,12 @@ def build_tiny_model(path: str, arch: str = "llama", seed: int = 0, vocab_size: 
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("e_score_correction_bias"):
-                p.copy_(torch.randn(p.shape) * 0.05)  # steers selection, as trained ones do
-                p[list(hot_experts)] += 1.0
-            elif "norm" not in name and not name.endswith(_ROUTER_PARAMS):
+            if "norm" not in name and not name.endswith(_ROUTER_PARAMS):
                 p.mul_(weight_scale)
+        for name, b in model.named_buffers():  # HF keeps the selection bias as a buffer
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape) * 0.05)  # steers selection, as trained ones do
+                b[list(hot_experts)] += 1.0
     model.save_pretrained(path, safe_serialization=True)
     with open(os.path.join(path, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}, f)

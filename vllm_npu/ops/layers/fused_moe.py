@@ -19,6 +19,7 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
 )
 
 from vllm_npu.config import get_npu_config
+from vllm_npu.eplb.recorder import count_pairs
 from vllm_npu.moe import dispatch, expert_map
 from vllm_npu.moe.experts import run_local_experts
 from vllm_npu.moe.routing import routing_problems, select_experts
@@ -125,8 +126,7 @@ class NPUUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
                          input_ids: torch.Tensor | None = None) -> torch.Tensor:
         weights, ids = select_experts(layer, router_logits)
         slots = expert_map.to_physical(ids, self.log2phy, self.replicas)
-        flat = slots.reshape(-1).long()
-        self.expert_load.index_add_(0, flat, torch.ones_like(flat))  # graph-capturable
+        count_pairs(self.expert_load, slots)  # EPLB's load window (graph-capturable)
         weights = weights.to(x.dtype)
         w13, w2 = layer.w13_weight, layer.w2_weight
         layout = self.layout

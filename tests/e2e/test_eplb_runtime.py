@@ -1,0 +1,142 @@
+"""EPLB while serving on the simulated NPU: experts move between EP ranks during one
+`generate` (TP=2 + EP, decode graphs captured) and under `vllm serve` with DP=2 + EP, and
+the greedy tokens stay HF's. A skewed router is balanced; a failed weight transfer is
+rolled back with every slot still holding the expert its map names."""
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.engine import generate, make_llm, shutdown, vocab
+from tests.e2e.reference import hf_greedy, random_prompt
+from tests.e2e.server import complete, serve
+from vllm_npu.testing.tiny_model import DEEPSEEK_V3_MOE
+
+MODELS = {"qwen3_moe": dict(arch="qwen3_moe"),
+          # experts 2 and 3 get nearly every token: all the load starts on EP rank 0
+          "dsv3_moe_skewed": dict(arch="deepseek_v3", hot_experts=(2, 3), **DEEPSEEK_V3_MOE)}
+EPLB = dict(enable_expert_parallel=True, enable_eplb=True,
+            eplb_config=dict(num_redundant_experts=2, window_size=4, step_interval=4,
+                             log_balancedness=True))
+MP = dict(tensor_parallel_size=2, distributed_executor_backend="mp", enable_sleep_mode=False)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, str]:
+    from vllm_npu.testing.tiny_model import build_tiny_model
+
+    root = tmp_path_factory.mktemp("eplb_rt")
+    return {name: build_tiny_model(str(root / name), **kw) for name, kw in MODELS.items()}
+
+
+@pytest.fixture(autouse=True)
+def _spawn_workers(monkeypatch):
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # see test_moe_parity.py
+
+
+def _prompts(path: str) -> list[list[int]]:
+    v = vocab(path)
+    return [random_prompt(1, 5, v), random_prompt(2, 90, v), random_prompt(3, 30, v)]
+
+
+def _worker_eplb(worker) -> dict:
+    """The updator's record, and whether every local slot holds exactly the checkpoint
+    weights of the logical expert its layer's map names."""
+    import glob
+    import os
+
+    import torch
+    from safetensors import safe_open
+
+    updator = worker.model_runner.npu_eplb
+    tensors = {}
+    for f in glob.glob(os.path.join(worker.model_config.model, "*.safetensors")):
+        with safe_open(f, "pt") as st:
+            tensors.update({k: st.get_tensor(k) for k in st.keys() if ".experts." in k})
+    consistent = {}
+    for view in updator.views:
+        w13, w2 = view.weights
+        prefix = f"model.layers.{view.layer_id}.mlp.experts"
+        ok = True
+        for slot, e in enumerate(view.method._local):
+            gate, up, down = (tensors[f"{prefix}.{e}.{n}_proj.weight"]
+                              for n in ("gate", "up", "down"))
+            ok &= torch.equal(w13[slot], torch.cat([gate, up])) and torch.equal(w2[slot], down)
+        consistent[view.layer_id] = ok
+    return {"history": [(r.index, r.balancedness_before, r.balancedness_after,
+                         r.layers_moved, r.experts_moved, r.rolled_back, r.step)
+                        for r in updator.history],
+            "balancedness": list(updator.balancedness_log),
+            "placements": {v.layer_id: v.placement.phy2log for v in updator.views},
+            "consistent": consistent}
+
+
+def _check_ranks_agree(states: list[dict]) -> None:
+    assert all(s["consistent"] and all(s["consistent"].values()) for s in states), states
+    assert all(s["placements"] == states[0]["placements"] for s in states)
+    assert all(s["history"] == states[0]["history"] for s in states)
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_rebalancing_during_generate_keeps_hf_tokens(models, parity_dtype, model, capfd):
+    path = models[model]
+    prompts = _prompts(path)
+    llm = make_llm(path, parity_dtype, **MP, **EPLB)
+    try:
+        got = generate(llm, prompts, 24)
+        states = llm.collective_rpc(_worker_eplb)
+    finally:
+        shutdown(llm)
+    assert got == [hf_greedy(path, p, 24) for p in prompts]
+    _check_ranks_agree(states)
+    history = states[0]["history"]
+    assert len(history) >= 3 and sum(h[4] for h in history) > 0, history
+    assert "EPLB rebalance #3: balancedness" in capfd.readouterr().out
+    if model == "dsv3_moe_skewed":
+        _, before, after, *_ = history[0]
+        assert before < 0.7 and after > 0.9, history[0]
+        done = history[0][-1]  # observed per-step balancedness, before vs after
+        measured = states[0]["balancedness"]
+        early = [b for step, b in measured if 0 < step < 4]
+        late = [b for step, b in measured if step > done]
+        assert sum(late) / len(late) > sum(early) / len(early) + 0.2, measured
+
+
+def test_failed_transfers_roll_back_and_serving_goes_on(models, parity_dtype, monkeypatch,
+                                                         capfd):
+    path = models["qwen3_moe"]
+    prompts = _prompts(path)
+    # layer 1 on EP rank 1 receives bad weights; layer 0 on EP rank 0 overruns its time
+    monkeypatch.setenv("NPU_EPLB_FAIL_TRANSFER", "1:1,0:0:timeout")
+    llm = make_llm(path, parity_dtype, **MP, **EPLB,
+                   additional_config={"eplb": {"transfer_timeout_s": 1.0}})
+    try:
+        first = generate(llm, prompts, 24)
+        second = generate(llm, prompts[:1], 12)  # still serving afterwards
+        states = llm.collective_rpc(_worker_eplb)
+    finally:
+        shutdown(llm)
+    assert first == [hf_greedy(path, p, 24) for p in prompts]
+    assert second == [hf_greedy(path, prompts[0], 12)]
+    _check_ranks_agree(states)
+    rolled = {}
+    for h in states[0]["history"]:
+        rolled.update(h[5])
+    assert rolled == {1: [1], 0: [0]}, states[0]["history"]
+    assert any(1 in h[3] for h in states[0]["history"])  # layer 1 moved later on
+    out = capfd.readouterr().out
+    assert "EPLB: layer 1: expert weight transfer failed on EP rank 1 (RuntimeError: " \
+           "injected transfer failure" in out
+    assert "EPLB: layer 0: expert weight transfer failed on EP rank 0 (timed out after" in out
+
+
+def test_dp2_ep_serving_rebalances_and_matches_hf(models, parity_dtype, tmp_path):
+    path = models["dsv3_moe_skewed"]
+    prompts = _prompts(path)
+    with serve(path, tmp_path, "--dtype", parity_dtype, "--max-model-len", "512",
+               "--max-num-batched-tokens", "64", "--data-parallel-size", "2",
+               "--enable-expert-parallel", "--enable-eplb", "--eplb-config",
+               '{"num_redundant_experts": 2, "window_size": 4, "step_interval": 4}') as base:
+        got = [complete(base, p, 12) for p in prompts]
+    log = (tmp_path / "serve.log").read_text()
+    assert got == [hf_greedy(path, p, 12) for p in prompts]
+    assert "EPLB rebalance #3: balancedness" in log, log[-3000:]
