@@ -9,6 +9,7 @@ import pytest
 from tests.e2e.engine import generate, make_llm, shutdown, vocab
 from tests.e2e.reference import hf_greedy, random_prompt
 from tests.e2e.server import complete, serve
+from vllm_npu.moe.expert_map import load_placement
 from vllm_npu.testing.tiny_model import DEEPSEEK_V3_MOE
 
 MODELS = {"qwen3_moe": dict(arch="qwen3_moe"),
@@ -102,13 +103,15 @@ def test_rebalancing_during_generate_keeps_hf_tokens(models, parity_dtype, model
 
 
 def test_failed_transfers_roll_back_and_serving_goes_on(models, parity_dtype, monkeypatch,
-                                                         capfd):
+                                                         capfd, tmp_path):
     path = models["qwen3_moe"]
     prompts = _prompts(path)
     # layer 1 on EP rank 1 receives bad weights; layer 0 on EP rank 0 overruns its time
     monkeypatch.setenv("NPU_EPLB_FAIL_TRANSFER", "1:1,0:0:timeout")
+    exported = tmp_path / "map.json"
     llm = make_llm(path, parity_dtype, **MP, **EPLB,
-                   additional_config={"eplb": {"transfer_timeout_s": 1.0}})
+                   additional_config={"eplb": {"transfer_timeout_s": 1.0},
+                                      "moe": {"export_expert_map_path": str(exported)}})
     try:
         first = generate(llm, prompts, 24)
         second = generate(llm, prompts[:1], 12)  # still serving afterwards
@@ -123,6 +126,8 @@ def test_failed_transfers_roll_back_and_serving_goes_on(models, parity_dtype, mo
         rolled.update(h[5])
     assert rolled == {1: [1], 0: [0]}, states[0]["history"]
     assert any(1 in h[3] for h in states[0]["history"])  # layer 1 moved later on
+    for layer, phy2log in states[0]["placements"].items():  # the map rewritten each time
+        assert load_placement(str(exported), layer, 8, 2).phy2log == phy2log
     out = capfd.readouterr().out
     assert "EPLB: layer 1: expert weight transfer failed on EP rank 1 (RuntimeError: " \
            "injected transfer failure" in out

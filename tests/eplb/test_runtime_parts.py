@@ -128,3 +128,52 @@ def test_plugin_eplb_key_is_validated():
         NPUConfig.from_additional_config({"eplb": {"policy": "nope"}})
     with pytest.raises(ValueError, match="eplb.layer_per_step=2.*valid keys: .*layers_per_step"):
         NPUConfig.from_additional_config({"eplb": {"layer_per_step": 2}})
+
+
+class _RoutedMethod(_Method):
+    def set_placement(self, placement):
+        self.placement = placement
+
+
+def test_a_slow_plan_never_stalls_a_step_and_then_moves_the_weights():
+    """The policy blocks until released: steps keep running meanwhile; once the plan is
+    ready the layer migrates (one rank: local copies) and routes by the new map."""
+    import threading
+
+    from vllm_npu.config import EplbOptions
+    from vllm_npu.eplb.adaptor import MoELayerView
+    from vllm_npu.eplb.transfer import EPGroup
+    from vllm_npu.eplb.updator import EplbUpdator
+
+    start = ExpertPlacement.linear(4, 1)
+    w13 = torch.arange(4.0).view(4, 1, 1).expand(4, 6, 3).contiguous()
+    w2 = torch.arange(4.0).view(4, 1, 1).expand(4, 3, 3).contiguous()
+    layer = SimpleNamespace(w13_weight=w13, w2_weight=w2)
+    method = _RoutedMethod(start)
+    adaptor = SimpleNamespace(layers=[MoELayerView(5, layer, method)])
+    group = EPGroup(None, None, rank=0, size=1, global_ranks=[0], tp_size=1)
+    updator = EplbUpdator(adaptor, EplbOptions(enabled=True, window_size=2, step_interval=2),
+                          group)
+    release = threading.Event()
+
+    def slow_policy(load, num_ranks, slots_per_rank, old_phy2log=None):
+        release.wait(30)
+        return np.array([[3, 2, 1, 0]])
+
+    updator.policy.rebalance = slow_policy
+    for _ in range(2):
+        updator.step()
+    assert updator.state == "plan"
+    for _ in range(5):  # each returns while the plan is still blocked
+        updator.step()
+    assert updator.state == "plan" and updator.total_steps == 7 and not updator.history
+    release.set()
+    updator._future.result(timeout=30)
+    updator.step()
+    assert updator.state == "collect"
+    (rebalance,) = updator.history
+    assert rebalance.layers_moved == [5] and rebalance.experts_moved == 4
+    assert method.placement.phy2log == (3, 2, 1, 0)
+    assert w13[:, 0, 0].tolist() == [3.0, 2.0, 1.0, 0.0]  # slot s now holds expert 3 - s
+    assert w2[:, 0, 0].tolist() == [3.0, 2.0, 1.0, 0.0]
+    updator.close()

@@ -76,5 +76,11 @@ def test_eplb_patch_accepts_enable_eplb_and_keeps_vllms_other_checks():
         ParallelConfig(eplb_config=EPLBConfig(num_redundant_experts=1))
     with pytest.raises(ValueError, match="only supported on CUDA devices"):
         validator.__wrapped__(cfg)  # what vLLM alone says on this platform
+    from vllm.config import VllmConfig
+
+    # VllmConfig revalidates its ParallelConfig with the patched validator too, so startup
+    # reaches the platform's own EPLB checks (here: there is no model)
+    with pytest.raises(ValueError, match="--enable-eplb needs a mixture-of-experts model"):
+        VllmConfig(parallel_config=cfg)
     patch_pkg.apply_all()
     assert ParallelConfig._validate_parallel_config is validator  # idempotent

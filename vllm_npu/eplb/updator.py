@@ -70,6 +70,11 @@ class EplbUpdator:
         self.policy = get_policy(options.policy)
         self._planner = (ThreadPoolExecutor(1, thread_name_prefix="eplb-plan")
                          if group.rank == 0 else None)
+        # numba compiles the policy's kernels on first use (seconds on a cold cache): start
+        # now, while the model loads; the engine's warm-up waits for it (finish_warm_up).
+        self._warm_up = None if self._planner is None else self._planner.submit(
+            self.policy.rebalance, np.ones((1, first.num_experts)), first.ep_size,
+            first.slots_per_rank)
         self.state = "collect"
         self.steps = 0  # since the last rebalance started
         self.total_steps = 0
@@ -77,6 +82,15 @@ class EplbUpdator:
         self.balancedness_log: list[tuple[int, float]] = []
         self._future: Future | None = None
         self._pending: list[int] = []
+
+    def finish_warm_up(self) -> None:
+        """Block until the policy is compiled, so the first rebalance plans at full speed."""
+        if self._warm_up is not None:
+            start = time.perf_counter()
+            self._warm_up.result()
+            self._warm_up = None
+            logger.info("vllm_npu: EPLB policy %r ready (waited %.2f s for its compilation)",
+                        self.options.policy, time.perf_counter() - start)
 
     # ---- per step --------------------------------------------------------------------
     def step(self, is_dummy: bool = False, is_profile: bool = False) -> None:
@@ -179,6 +193,9 @@ class EplbUpdator:
             self.loader.commit(view.weights, transfers)
             view.method.set_placement(new)
             self.recorder.set_layer(index, new)
+            if self.export_path and self.group.rank == 0:  # always the placement in use
+                dump_placements({v.layer_id: v.placement for v in self.views},
+                                self.export_path)
             rec.layers_moved.append(view.layer_id)
             rec.experts_moved += len(transfers)
             slot_bytes = sum(w[0].numel() * w.element_size() for w in view.weights)
@@ -203,8 +220,6 @@ class EplbUpdator:
         self.state = "collect"
         if self.group.rank != 0:
             return
-        if self.export_path:
-            dump_placements({v.layer_id: v.placement for v in self.views}, self.export_path)
         logger.info(
             "EPLB rebalance #%d: balancedness %.4f -> %.4f (mean/max EP-rank load over the "
             "last %d steps), %d layer(s) and %d expert(s) moved (%.2f MiB), %d layer(s) "

@@ -145,6 +145,8 @@ class NPUWorker(Worker):
         # bar); vLLM's CUDA kernel warm-up does not apply to the NPU.
         if self.compilation_config.cudagraph_mode != CUDAGraphMode.NONE:
             self.model_runner.capture_model()
+        if self.model_runner.npu_eplb is not None:
+            self.model_runner.npu_eplb.finish_warm_up()
         set_random_seed(self.model_config.seed, self.parallel_config.data_parallel_index)
         return CompilationTimes(language_model=self.compilation_config.compilation_time,
                                 encoder=self.compilation_config.encoder_compilation_time)
