@@ -99,3 +99,75 @@ def test_misuse_is_refused():
         graph.capture_end()
     with pytest.raises(RuntimeError, match="never recorded"):
         g.ExternalEvent().wait()
+
+
+def _paged_decode_inputs():
+    g_ = torch.Generator().manual_seed(0)
+    blocks, bs, hkv, heads, d, batch = 6, 16, 2, 4, 32, 3
+    key = torch.randn(blocks, bs, hkv, d, generator=g_)
+    value = torch.randn(blocks, bs, hkv, d, generator=g_)
+    query = torch.randn(batch, heads, d, generator=g_)
+    table = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)
+    lens = torch.tensor([5, 20, 31], dtype=torch.int32)  # vLLM's persistent host buffer
+    return query, key, value, table, lens, (hkv, heads, d ** -0.5)
+
+
+def _paged(query, key, value, table, lens, consts, out):
+    from vllm_npu.ops import sim
+
+    hkv, heads, scale = consts
+    sim._npu_paged_attention(query, key, value, hkv, heads, scale, table, lens, out)
+
+
+def test_host_lengths_are_copied_into_the_task_at_capture_and_update():
+    """vLLM rewrites its host seq-lens buffer in place every step; a replayed paged
+    attention task keeps the lengths it was captured (or last updated) with."""
+    query, key, value, table, lens, consts = _paged_decode_inputs()
+    out = torch.empty_like(query)
+
+    def forward():
+        g.graph_task_group_begin()
+        _paged(query, key, value, table, lens, consts, out)
+        return g.graph_task_group_end()
+
+    graph, handle = _capture(forward)
+    captured = out.clone()
+    lens.copy_(torch.tensor([9, 3, 17], dtype=torch.int32))  # next step, in place
+    want_new = torch.empty_like(query)
+    _paged(query, key, value, table, lens, consts, want_new)
+    assert not torch.equal(want_new, captured)
+    graph.replay()
+    assert torch.equal(out, captured)  # the capture's lengths, not the buffer's
+    g.graph_task_update_begin(None, handle)
+    _paged(query, key, value, table, lens, consts, out)
+    g.graph_task_update_end(None)
+    lens.fill_(1)  # changes after the update are not seen either
+    graph.replay()
+    assert torch.equal(out, want_new)
+
+
+def test_fia_out_host_lists_are_copied_into_the_task():
+    from vllm_npu.ops import sim
+
+    g_ = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 2, 16, generator=g_)  # TND: 2 decode tokens
+    key = torch.randn(4, 128, 2 * 16, generator=g_)
+    value = torch.randn(4, 128, 2 * 16, generator=g_)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    q_ends, kv_lens = [1, 2], [7, 200]
+
+    def run(out):
+        sim.npu_fused_infer_attention_score_out(
+            q, key, value, out=out, actual_seq_lengths=q_ends, actual_seq_lengths_kv=kv_lens,
+            block_table=table, num_heads=2, num_key_value_heads=2, scale=0.25,
+            input_layout="TND", block_size=128, sparse_mode=0, softmax_lse_flag=True)
+        return out
+
+    out = [torch.empty(2, 2, 16), torch.empty(2, 2, 1)]
+    graph, _ = _capture(lambda: run(out))
+    captured = out[0].clone()
+    kv_lens[1] = 12  # the caller reuses its list
+    graph.replay()
+    assert torch.equal(out[0], captured)
+    eager = run([torch.empty(2, 2, 16), torch.empty(2, 2, 1)])  # what the new list gives
+    assert not torch.equal(eager[0], captured)

@@ -77,6 +77,25 @@ def test_skipping_the_update_hook_breaks_full_replay(tiny_models, parity_dtype, 
     assert got != expected
 
 
+def test_attention_task_replays_its_captured_lengths_without_an_update(
+        tiny_models, parity_dtype, expected, monkeypatch):
+    """The hook re-issues the KV-cache write but not the attention task: the attention
+    replays the sequence lengths it was captured with (host arguments are frozen into a
+    task, as on a device), even though vLLM rewrote its host seq-lens buffer in place."""
+    from vllm_npu.attention.backend import NPUAttentionImpl
+
+    def cache_write_only(self, backend, stream, tasks, meta):
+        if tasks.cache_write is not None:
+            backend.task_update_begin(stream, tasks.cache_write)
+            self._write_cache(tasks.key, tasks.value, tasks.kv_cache, meta)
+            backend.task_update_end(stream)
+
+    monkeypatch.setattr(NPUAttentionImpl, "update_graph_params", cache_write_only)
+    got, replays, _, _, _ = _run(tiny_models["llama"], parity_dtype)  # FULL_DECODE_ONLY
+    assert replays > 0
+    assert got != expected
+
+
 def test_backend_without_the_hook_never_gets_full_graphs(tiny_models, parity_dtype,
                                                          expected, monkeypatch):
     from vllm.distributed import cleanup_dist_env_and_memory

@@ -10,13 +10,21 @@ npu_swiglu = graph_op(activation.npu_swiglu)
 npu_rms_norm = graph_op(norm.npu_rms_norm)
 npu_add_rms_norm = graph_op(norm.npu_add_rms_norm)
 npu_rotary_mul = graph_op(rotary.npu_rotary_mul)
-npu_fused_infer_attention_score = graph_op(attention.npu_fused_infer_attention_score)
-npu_fused_infer_attention_score_out = graph_op(attention.npu_fused_infer_attention_score_out)
-_npu_paged_attention = graph_op(attention._npu_paged_attention)
+# Host-side arguments (frozen into a task at capture / update; see graph.graph_op): the
+# sequence lengths torch_npu takes as host lists (FIA `actual_seq_lengths(_kv)`, op-plugin
+# `IntArrayRef`) or host int32 tensors (ATB paged attention `context_lens`, read on the host
+# for tiling).
+_FIA_HOST = ("actual_seq_lengths", "actual_seq_lengths_kv")
+npu_fused_infer_attention_score = graph_op(attention.npu_fused_infer_attention_score,
+                                           host_args=_FIA_HOST)
+npu_fused_infer_attention_score_out = graph_op(attention.npu_fused_infer_attention_score_out,
+                                               host_args=_FIA_HOST)
+_npu_paged_attention = graph_op(attention._npu_paged_attention, host_args=("context_lens",))
 _npu_reshape_and_cache = graph_op(cache._npu_reshape_and_cache)
 _npu_reshape_and_cache_siso = graph_op(mla._npu_reshape_and_cache_siso)
-_npu_paged_attention_mla = graph_op(mla._npu_paged_attention_mla)
-npu_multi_head_latent_attention = graph_op(mla.npu_multi_head_latent_attention)
+_npu_paged_attention_mla = graph_op(mla._npu_paged_attention_mla, host_args=("context_lens",))
+npu_multi_head_latent_attention = graph_op(mla.npu_multi_head_latent_attention,
+                                           host_args=("context_lens",))
 npu_attention_update = graph_op(attention_update.npu_attention_update)
 npu_moe_gating_top_k = graph_op(moe.npu_moe_gating_top_k)
 npu_moe_init_routing_v2 = graph_op(moe.npu_moe_init_routing_v2)

@@ -16,6 +16,7 @@ captured buffers, and only a task updated through the update API sees new argume
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -128,21 +129,54 @@ class SimGraph:
         self.entries, self.tasks = [], []
 
 
-def graph_op(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _snapshot(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_snapshot(v) for v in value)
+    return value
+
+
+def graph_op(fn: Callable[..., Any] | None = None, *,
+             host_args: tuple[str, ...] = ()) -> Callable[..., Any]:
     """Make a simulated op graph-aware: recorded as one entry under capture (a task's
-    entry inside a task group), and captured into a task update inside one."""
+    entry inside a task group), and captured into a task update inside one.
+
+    `host_args` name the op's host-side arguments (sequence-length lists, host int32
+    tensors). A device task copies them when it is captured or updated (ACL graph tasks
+    hold their launch arguments: torch_npu `graph_task_update_begin/end` exist to replace
+    them, and vllm-ascend re-issues its attention with new `actual_seq_lengths_kv` before
+    each replay), so a later in-place change of the host buffer is not seen by a replay.
+    The simulator copies them at the same points."""
+    if fn is None:
+        return functools.partial(graph_op, host_args=host_args)
+    signature = inspect.signature(fn) if host_args else None
+
+    def frozen(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if signature is None:
+            return args, kwargs
+        bound = signature.bind_partial(*args, **kwargs)
+        for name in host_args:
+            if name in bound.arguments:
+                bound.arguments[name] = _snapshot(bound.arguments[name])
+            elif name in bound.kwargs:  # absorbed by **kwargs (e.g. the .out variant)
+                extra = next(p for p in signature.parameters.values()
+                             if p.kind is inspect.Parameter.VAR_KEYWORD).name
+                bound.arguments[extra] = dict(bound.arguments[extra])
+                bound.arguments[extra][name] = _snapshot(bound.kwargs[name])
+        return bound.args, bound.kwargs
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         if _state.pending is not None:  # inside graph_task_update_begin/end
-            _state.pending.append((fn, args, kwargs))
+            _state.pending.append((fn, *frozen(args, kwargs)))
             return None
         graph = _state.capturing
         if graph is None:
             return fn(*args, **kwargs)
-        with _disable_current_modes():  # the op is one task: its internals are not recorded
-            out = fn(*args, **kwargs)
-        entry = _Entry(fn, args, kwargs, out)
+        with _disable_current_modes():  # the op is one task: its internals (and the
+            out = fn(*args, **kwargs)  # copies of its host arguments) are not recorded
+            entry = _Entry(fn, *frozen(args, kwargs), out)
         graph.entries.append(entry)
         if _state.open_task is not None:
             _state.open_task.entries.append(entry)
