@@ -171,3 +171,29 @@ def test_fia_out_host_lists_are_copied_into_the_task():
     assert torch.equal(out[0], captured)
     eager = run([torch.empty(2, 2, 16), torch.empty(2, 2, 1)])  # what the new list gives
     assert not torch.equal(eager[0], captured)
+
+
+def test_an_update_takes_only_the_ops_issued_on_its_stream():
+    """Issued on another stream, the op runs at once (with the new arguments) and the
+    update window stays empty: refused at graph_task_update_end, as the count mismatch a
+    device reports. On the update stream it becomes the task's new call."""
+    x, out = torch.ones(3), torch.zeros(3)
+
+    def forward():
+        g.graph_task_group_begin()
+        scale_into(x, 2.0, out)
+        return g.graph_task_group_end()
+
+    graph, handle = _capture(forward)
+    update_stream = g.SimStream()
+    g.graph_task_update_begin(update_stream, handle)
+    scale_into(x, 7.0, out)  # on the current (default) stream
+    assert torch.equal(out, torch.full((3,), 7.0))  # ran for real
+    with pytest.raises(NPUOpError, match="on the update stream.*got \\[\\] on that stream"):
+        g.graph_task_update_end(update_stream)
+    g.graph_task_update_begin(update_stream, handle)
+    with g.use_stream(update_stream):
+        assert scale_into(x, 5.0, out) is None
+    g.graph_task_update_end(update_stream)
+    graph.replay()
+    assert torch.equal(out, torch.full((3,), 5.0))

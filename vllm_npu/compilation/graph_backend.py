@@ -21,6 +21,7 @@ class GraphBackend(Protocol):
     def task_update_end(self, stream: Any) -> None: ...
     def new_stream(self) -> Any: ...
     def current_stream(self) -> Any: ...
+    def stream(self, stream: Any) -> contextlib.AbstractContextManager: ...
     def new_event(self) -> Any: ...
 
 
@@ -31,7 +32,6 @@ class SimGraphBackend:
         from vllm_npu.ops.sim import graph
 
         self._g = graph
-        self._stream = graph.SimStream()
 
     def new_graph(self):
         return self._g.SimGraph()
@@ -66,7 +66,10 @@ class SimGraphBackend:
         return self._g.SimStream()
 
     def current_stream(self):
-        return self._stream
+        return self._g.current_stream()
+
+    def stream(self, stream):
+        return self._g.use_stream(stream)
 
     def new_event(self):
         return self._g.ExternalEvent()
@@ -110,6 +113,9 @@ class NPUGraphBackend:
 
     def current_stream(self):
         return self._npu.current_stream()
+
+    def stream(self, stream):
+        return self._npu.stream(stream)
 
     def new_event(self):
         return self._npu.ExternalEvent()

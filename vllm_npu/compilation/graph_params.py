@@ -5,7 +5,8 @@ A captured attention layer owns two tasks (KV-cache write, attention; `Attention
 here, `MLATasks` for the MLA backend's decode graphs) whose host-side arguments — slot
 mapping, block table, sequence lengths — describe the capture's dummy batch. Before a
 replay, `update_attention_tasks` re-issues both ops for the new batch on an update stream
-through `task_update_begin/end`, then records an event that the replay waits on. A
+(as the current stream, inside `task_update_begin/end`), then records an event that the
+replay waits on. A
 backend without `update_graph_params` cannot do this, and its builder declares no
 FULL-graph support, so vLLM never gives it FULL mode.
 """
@@ -66,10 +67,14 @@ def update_attention_tasks(ctx: ForwardContext, layers: dict[str, Any]) -> Any:
     if _update_stream is None:
         _update_stream = backend.new_stream()
     metadata = ctx.attn_metadata
-    for layer_name, layer_tasks in tasks.items():
-        meta = metadata[layer_name] if isinstance(metadata, dict) else metadata
-        layers[layer_name].impl.update_graph_params(backend, _update_stream, layer_tasks, meta)
-        GRAPH_PARAMS.updates += 1
-    event = backend.new_event()
-    event.record(_update_stream)
+    # The re-issued ops must run on the update stream: issued on the current stream, a
+    # device would run them right away and leave the update window empty.
+    with backend.stream(_update_stream):
+        for layer_name, layer_tasks in tasks.items():
+            meta = metadata[layer_name] if isinstance(metadata, dict) else metadata
+            layers[layer_name].impl.update_graph_params(backend, _update_stream, layer_tasks,
+                                                        meta)
+            GRAPH_PARAMS.updates += 1
+        event = backend.new_event()
+        event.record(_update_stream)
     return event

@@ -15,6 +15,7 @@ captured buffers, and only a task updated through the update API sees new argume
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
@@ -59,6 +60,8 @@ class _State(threading.local):
     open_task: TaskHandle | None = None
     updating: TaskHandle | None = None
     pending: list | None = None
+    update_stream: Any = None
+    stream: Any = None  # the current stream (None: the default stream)
 
 
 _state = _State()
@@ -168,9 +171,11 @@ def graph_op(fn: Callable[..., Any] | None = None, *,
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        if _state.pending is not None:  # inside graph_task_update_begin/end
-            _state.pending.append((fn, *frozen(args, kwargs)))
+        if _state.pending is not None and current_stream() is _state.update_stream:
+            _state.pending.append((fn, *frozen(args, kwargs)))  # becomes the task's call
             return None
+        # (inside an update window but on another stream, a device runs the op now, with
+        # these arguments, and the update receives nothing: modelled the same way)
         graph = _state.capturing
         if graph is None:
             return fn(*args, **kwargs)
@@ -207,30 +212,53 @@ def graph_task_group_end(stream: Any = None) -> TaskHandle:
 
 
 def graph_task_update_begin(stream: Any, handle: TaskHandle) -> None:
+    """Ops issued on `stream` (torch_npu: inside `torch.npu.stream(stream)`) until
+    graph_task_update_end replace the handle's captured calls; `stream` None means the
+    current one."""
     if _state.pending is not None:
         raise RuntimeError("graph task updates do not nest")
     _state.updating, _state.pending = handle, []
+    _state.update_stream = current_stream() if stream is None else stream
 
 
 def graph_task_update_end(stream: Any = None) -> None:
     handle, calls = _state.updating, _state.pending
-    _state.updating = _state.pending = None
+    _state.updating = _state.pending = _state.update_stream = None
     if handle is None:
         raise RuntimeError("graph_task_update_end without graph_task_update_begin")
     if [fn for fn, _, _ in calls] != [e.fn for e in handle.entries]:
-        raise NPUOpError("graph task update must re-issue the captured ops in order: "
-                         f"captured {[e.fn.__name__ for e in handle.entries]}, got "
-                         f"{[fn.__name__ for fn, _, _ in calls]}")
+        raise NPUOpError("graph task update must re-issue the captured ops in order on the "
+                         "update stream (torch.npu.stream(update_stream)): captured "
+                         f"{[e.fn.__name__ for e in handle.entries]}, got "
+                         f"{[fn.__name__ for fn, _, _ in calls]} on that stream")
     for entry, (_, args, kwargs) in zip(handle.entries, calls):
         entry.args, entry.kwargs = args, kwargs
     handle.updates += 1
 
 
 class SimStream:
-    """Streams of the simulated NPU: work completes when issued, so they only name order."""
+    """Streams of the simulated NPU: work completes when issued, so they only name order
+    and which update window an op belongs to."""
 
     def wait_event(self, event: "ExternalEvent") -> None:
         event.wait(self)
+
+
+_DEFAULT_STREAM = SimStream()
+
+
+def current_stream() -> SimStream:
+    return _state.stream or _DEFAULT_STREAM
+
+
+@contextlib.contextmanager
+def use_stream(stream: SimStream):
+    """`torch.npu.stream(stream)` of the simulated NPU."""
+    previous, _state.stream = _state.stream, stream
+    try:
+        yield stream
+    finally:
+        _state.stream = previous
 
 
 class ExternalEvent:
