@@ -65,14 +65,21 @@ def _count_work(worker) -> None:
     wrap("npu_multi_head_latent_attention", lambda *args: ("lse_calls", 1))
     wrap("npu_fused_infer_attention_score_out", lambda q, *args: ("query_rows", q.shape[0]))
     worker.work = stats
+    worker.graph_base = _graph_counts()  # a forked worker inherits the parent's counters
 
 
-def _stats(worker) -> dict:
+def _graph_counts() -> tuple[int, int]:
     from vllm_npu.compilation.acl_graph import ACLGraphWrapper
     from vllm_npu.compilation.graph_params import GRAPH_PARAMS
 
+    return ACLGraphWrapper.stats.replays, GRAPH_PARAMS.updates
+
+
+def _stats(worker) -> dict:
+    (replays, updates) = _graph_counts()
+    replays0, updates0 = getattr(worker, "graph_base", (0, 0))
     return getattr(worker, "work", {}) | {
-        "replays": ACLGraphWrapper.stats.replays, "updates": GRAPH_PARAMS.updates,
+        "replays": replays - replays0, "updates": updates - updates0,
         "cudagraph_mode": worker.model_runner.compilation_config.cudagraph_mode.name}
 
 
