@@ -30,6 +30,16 @@ def _capture(fn):
     return graph, result
 
 
+def _capture_task(op):
+    """A graph whose one task group holds `op()`: (graph, task handle)."""
+    def forward():
+        g.graph_task_group_begin()
+        op()
+        return g.graph_task_group_end()
+
+    return _capture(forward)
+
+
 def test_replay_recomputes_from_the_captured_input_buffers():
     x = torch.ones(4)
     graph, y = _capture(lambda: torch.relu(x * 2) + 1)
@@ -43,12 +53,7 @@ def test_replay_recomputes_from_the_captured_input_buffers():
 def test_task_arguments_stay_frozen_until_updated():
     x, out = torch.ones(3), torch.zeros(3)
 
-    def forward():
-        g.graph_task_group_begin()
-        scale_into(x, 2.0, out)
-        return g.graph_task_group_end()
-
-    graph, handle = _capture(forward)
+    graph, handle = _capture_task(lambda: scale_into(x, 2.0, out))
     assert torch.equal(out, torch.full((3,), 2.0))
     graph.replay()  # no update: the capture's host argument is replayed (stale)
     assert torch.equal(out, torch.full((3,), 2.0))
@@ -71,12 +76,7 @@ def test_ops_outside_task_groups_are_frozen_entries():
 def test_update_must_reissue_the_same_op():
     x, out = torch.ones(2), torch.zeros(2)
 
-    def forward():
-        g.graph_task_group_begin()
-        scale_into(x, 2.0, out)
-        return g.graph_task_group_end()
-
-    _, handle = _capture(forward)
+    _, handle = _capture_task(lambda: scale_into(x, 2.0, out))
     g.graph_task_update_begin(None, handle)
     shift_into(x, 1.0, out)
     with pytest.raises(NPUOpError, match=r"captured \['scale_into'\], got \['shift_into'\]"):
@@ -125,12 +125,7 @@ def test_host_lengths_are_copied_into_the_task_at_capture_and_update():
     query, key, value, table, lens, consts = _paged_decode_inputs()
     out = torch.empty_like(query)
 
-    def forward():
-        g.graph_task_group_begin()
-        _paged(query, key, value, table, lens, consts, out)
-        return g.graph_task_group_end()
-
-    graph, handle = _capture(forward)
+    graph, handle = _capture_task(lambda: _paged(query, key, value, table, lens, consts, out))
     captured = out.clone()
     lens.copy_(torch.tensor([9, 3, 17], dtype=torch.int32))  # next step, in place
     want_new = torch.empty_like(query)
@@ -179,12 +174,7 @@ def test_an_update_takes_only_the_ops_issued_on_its_stream():
     device reports. On the update stream it becomes the task's new call."""
     x, out = torch.ones(3), torch.zeros(3)
 
-    def forward():
-        g.graph_task_group_begin()
-        scale_into(x, 2.0, out)
-        return g.graph_task_group_end()
-
-    graph, handle = _capture(forward)
+    graph, handle = _capture_task(lambda: scale_into(x, 2.0, out))
     update_stream = g.SimStream()
     g.graph_task_update_begin(update_stream, handle)
     scale_into(x, 7.0, out)  # on the current (default) stream

@@ -21,17 +21,15 @@ EPLB = dict(enable_expert_parallel=True, enable_eplb=True,
 MP = dict(tensor_parallel_size=2, distributed_executor_backend="mp", enable_sleep_mode=False)
 
 
+pytestmark = pytest.mark.usefixtures("spawn_workers")
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, str]:
     from vllm_npu.testing.tiny_model import build_tiny_model
 
     root = tmp_path_factory.mktemp("eplb_rt")
     return {name: build_tiny_model(str(root / name), **kw) for name, kw in MODELS.items()}
-
-
-@pytest.fixture(autouse=True)
-def _spawn_workers(monkeypatch):
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # see test_moe_parity.py
 
 
 def _prompts(path: str) -> list[list[int]]:

@@ -21,22 +21,15 @@ MODELS = {"qwen3_moe": dict(arch="qwen3_moe"),
 MP = dict(distributed_executor_backend="mp", enable_sleep_mode=False)
 
 
+pytestmark = pytest.mark.usefixtures("spawn_workers")
+
+
 @pytest.fixture(scope="module")
 def moe_models(tmp_path_factory) -> dict[str, str]:
     from vllm_npu.testing.tiny_model import build_tiny_model
 
     root = tmp_path_factory.mktemp("moe")
     return {name: build_tiny_model(str(root / name), **kw) for name, kw in MODELS.items()}
-
-
-@pytest.fixture(autouse=True)
-def _spawn_workers(monkeypatch):
-    """TP engines here start their workers with spawn, not fork: after in-process engines
-    that captured MoE graphs, a forked worker's first gc.collect() finalised a gloo
-    process group inherited from the parent and hung joining threads the child does not
-    have (DeviceMemoryProfiler in load_model). A served engine starts from a fresh process
-    and never meets this."""
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 
 def _prompts(path: str) -> list[list[int]]:

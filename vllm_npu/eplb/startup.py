@@ -39,7 +39,7 @@ def take_over_eplb(vllm_config: "VllmConfig") -> NPUConfig:
                          "valid: pipeline parallel size 1")
     model = vllm_config.model_config
     experts = model.get_num_experts() if model is not None else 0
-    if not experts:
+    if not experts:  # (vLLM refuses EP on a dense model first; this covers no model at all)
         raise ValueError("--enable-eplb needs a mixture-of-experts model; "
                          f"{getattr(model, 'model', None)!r} has no routed experts")
     ep = parallel.tensor_parallel_size * parallel.prefill_context_parallel_size * \

@@ -66,6 +66,11 @@ def plan_transfers(old: Sequence[int], new: Sequence[int],
     return out
 
 
+def slot_bytes(weights: tuple[torch.Tensor, ...]) -> int:
+    """Bytes of one physical slot's expert weights (w13 and w2)."""
+    return sum(w[0].numel() * w.element_size() for w in weights)
+
+
 class EPGroup:
     """The EP group as the runtime uses it: host collectives for agreement, device
     point-to-point for weights. `tp_size`: ranks that see the same tokens."""
@@ -111,9 +116,8 @@ class D2DExpertWeightLoader:
 
     def bytes_moved(self, weights: tuple[torch.Tensor, ...], transfers: list[Transfer]) -> int:
         """Bytes this rank receives from other ranks for these transfers."""
-        per_slot = sum(w[0].numel() * w.element_size() for w in weights)
-        return per_slot * sum(1 for t in transfers
-                              if t.dst_rank == self.group.rank and not t.local)
+        return slot_bytes(weights) * sum(1 for t in transfers
+                                         if t.dst_rank == self.group.rank and not t.local)
 
     def transfer(self, layer_id: int, weights: tuple[torch.Tensor, torch.Tensor],
                  transfers: list[Transfer]) -> str | None:

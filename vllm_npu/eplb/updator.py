@@ -26,17 +26,23 @@ from vllm_npu.eplb.adaptor import VllmEplbAdaptor
 from vllm_npu.eplb.metrics import rank_loads
 from vllm_npu.eplb.policy import get_policy
 from vllm_npu.eplb.recorder import LoadRecorder
-from vllm_npu.eplb.transfer import D2DExpertWeightLoader, EPGroup, plan_transfers
+from vllm_npu.eplb.transfer import (D2DExpertWeightLoader, EPGroup, plan_transfers,
+                                    slot_bytes)
 from vllm_npu.moe.expert_map import ExpertPlacement, dump_placements
 
 logger = logging.getLogger("vllm.npu")
 
 
 def balancedness(load: np.ndarray, phy2log: np.ndarray, ep_size: int) -> float:
-    """vLLM's figure: sum over layers of the mean EP-rank load / sum of the max."""
-    ranks = rank_loads(load, phy2log, ep_size)
-    peak = ranks.max(axis=1).sum()
-    return float(ranks.mean(axis=1).sum() / peak) if peak > 0 else 1.0
+    """vLLM's figure for logical load [L, E] under a placement (1.0 for no load)."""
+    avg, peak = _avg_peak(rank_loads(load, phy2log, ep_size))
+    return avg / peak if peak > 0 else 1.0
+
+
+def _avg_peak(ranks: np.ndarray) -> tuple[float, float]:
+    """vLLM's `_compute_eplb_load_stats`: per-layer mean and max EP-rank load of [L, D],
+    each summed over layers."""
+    return float(ranks.mean(axis=1).sum()), float(ranks.max(axis=1).sum())
 
 
 @dataclass
@@ -117,8 +123,8 @@ class EplbUpdator:
     def _log_balancedness(self) -> None:
         tokens = self.recorder.rank_tokens(self.group.size).double().cpu()
         tokens = self.group.all_reduce(tokens) / self.group.tp_size
-        avg, peak = float(tokens.mean(dim=1).sum()), float(tokens.max(dim=1).values.sum())
-        value = avg / peak if peak > 0 else 0.0
+        avg, peak = _avg_peak(tokens.numpy())
+        value = avg / peak if peak > 0 else 0.0  # (vLLM logs 0 for an idle step)
         self.balancedness_log.append((self.total_steps, value))
         if self.group.rank == 0:
             logger.info("EPLB step: %d: avg_tokens=%.2f, max_tokens=%d, balancedness=%.4f, "
@@ -198,8 +204,7 @@ class EplbUpdator:
                                 self.export_path)
             rec.layers_moved.append(view.layer_id)
             rec.experts_moved += len(transfers)
-            slot_bytes = sum(w[0].numel() * w.element_size() for w in view.weights)
-            rec.bytes_moved += slot_bytes * sum(not t.local for t in transfers)
+            rec.bytes_moved += slot_bytes(view.weights) * sum(not t.local for t in transfers)
         else:
             rec.rolled_back[view.layer_id] = failed
             if error is not None:

@@ -214,7 +214,11 @@ def graph_task_group_end(stream: Any = None) -> TaskHandle:
 def graph_task_update_begin(stream: Any, handle: TaskHandle) -> None:
     """Ops issued on `stream` (torch_npu: inside `torch.npu.stream(stream)`) until
     graph_task_update_end replace the handle's captured calls; `stream` None means the
-    current one."""
+    current one. Source: torch_npu `graph_task_update_begin(stream, handle)` forwards to
+    CANN `aclmdlRICaptureTaskUpdateBegin(stream, handle)`, which collects the tasks
+    launched on that stream until `aclmdlRICaptureTaskUpdateEnd(stream)` and fails when
+    their number differs from the task group's; vllm-ascend therefore issues its updates
+    under `torch.npu.stream(update_stream)` (attention_v1.py `update_attn_params`)."""
     if _state.pending is not None:
         raise RuntimeError("graph task updates do not nest")
     _state.updating, _state.pending = handle, []

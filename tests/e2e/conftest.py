@@ -1,0 +1,14 @@
+"""Fixtures the end-to-end test modules share."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def spawn_workers(monkeypatch):
+    """TP engines start their workers with spawn, not fork: after in-process engines that
+    captured MoE graphs, a forked worker's first gc.collect() finalised a gloo process
+    group inherited from the parent and hung joining threads the child does not have
+    (DeviceMemoryProfiler in load_model). A served engine starts from a fresh process and
+    never meets this. Use with `pytestmark = pytest.mark.usefixtures("spawn_workers")`."""
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
