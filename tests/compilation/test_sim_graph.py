@@ -25,8 +25,10 @@ def _capture(fn):
     graph.capture_begin()
     try:
         result = fn()
-    finally:
-        graph.capture_end()
+    except BaseException:
+        graph.capture_end(aborted=True)
+        raise
+    graph.capture_end()
     return graph, result
 
 
@@ -112,11 +114,17 @@ def _paged_decode_inputs():
     return query, key, value, table, lens, (hkv, heads, d ** -0.5)
 
 
-def _paged(query, key, value, table, lens, consts, out):
+def _paged(query, key, value, table, lens, consts, out, workspace=None):
     from vllm_npu.ops import sim
 
     hkv, heads, scale = consts
-    sim._npu_paged_attention(query, key, value, hkv, heads, scale, table, lens, out)
+    if workspace is None:
+        workspace = _PAGED_WORKSPACE  # sized for the block table's longest context
+    sim._npu_paged_attention(query, key, value, hkv, heads, scale, table, lens, out,
+                             workspace=workspace)
+
+
+_PAGED_WORKSPACE = torch.empty(1 << 16, dtype=torch.uint8)
 
 
 def test_host_lengths_are_copied_into_the_task_at_capture_and_update():
@@ -187,3 +195,100 @@ def test_an_update_takes_only_the_ops_issued_on_its_stream():
     g.graph_task_update_end(update_stream)
     graph.replay()
     assert torch.equal(out, torch.full((3,), 5.0))
+
+
+# ---- task groups: what a device cannot record or update (#12 items 2 and 3) ----------
+
+def test_a_zero_row_task_is_refused_at_capture():
+    """An empty input launches no kernel: the group would hold no task to update."""
+    x, out = torch.ones(0, 4), torch.zeros(0, 4)
+    with pytest.raises(NPUOpError, match=r"scale_into in a graph task group with a "
+                                         r"zero-element x \(0, 4\)"):
+        _capture_task(lambda: scale_into(x, 2.0, out))
+    graph, _ = _capture(lambda: scale_into(x, 2.0, out))  # outside a task group: allowed
+    graph.replay()
+
+
+@g.graph_op
+def doubled(x: torch.Tensor) -> torch.Tensor:
+    """A stand-in for a non-out variant: allocates its result."""
+    return x * 2
+
+
+def test_an_op_that_allocates_its_outputs_is_refused_in_a_task_group():
+    x = torch.ones(3)
+    with pytest.raises(NPUOpError, match="doubled allocates its outputs: inside a graph task "
+                                         "group use its out variant"):
+        _capture_task(lambda: doubled(x))
+    graph, y = _capture(lambda: doubled(x))  # a plain entry: its output is the graph's
+    x.fill_(4.0)
+    graph.replay()
+    assert torch.equal(y, torch.full((3,), 8.0))
+
+
+def test_an_update_must_keep_the_captured_shapes():
+    x, out = torch.ones(4), torch.zeros(4)
+    _, handle = _capture_task(lambda: scale_into(x, 2.0, out))
+    g.graph_task_update_begin(None, handle)
+    scale_into(x[:3], 5.0, out[:3])  # a smaller batch than captured
+    with pytest.raises(NPUOpError, match=r"update of scale_into: out is \(\(3,\), "
+                                         r"torch.float32\), captured \(\(4,\), torch.float32\)"):
+        g.graph_task_update_end(None)
+    assert handle.updates == 0
+
+
+def test_an_update_must_keep_the_captured_host_list_lengths():
+    query, key, value, table, lens, consts = _paged_decode_inputs()
+    out = torch.empty_like(query)
+    _, handle = _capture_task(lambda: _paged(query, key, value, table, lens, consts, out))
+    g.graph_task_update_begin(None, handle)
+    _paged(query[:2], key, value, table[:2], lens[:2], consts, out[:2])
+    with pytest.raises(NPUOpError, match="update of _npu_paged_attention: block_table"):
+        g.graph_task_update_end(None)
+
+
+def test_a_task_needs_a_workspace_large_enough_for_its_lengths():
+    from vllm_npu.ops import sim
+
+    query, key, value, table, lens, (hkv, heads, scale) = _paged_decode_inputs()
+    out = torch.empty_like(query)
+
+    def paged(workspace):
+        sim._npu_paged_attention(query, key, value, hkv, heads, scale, table, lens, out,
+                                 workspace=workspace)
+
+    with pytest.raises(NPUOpError, match="_npu_paged_attention in a graph task needs a "
+                                         "workspace"):
+        _capture_task(lambda: paged(None))
+    short = torch.tensor([1, 1, 1], dtype=torch.int32)
+    small = sim._npu_paged_attention_get_workspace(query, key, value, hkv, heads, scale,
+                                                   table, short, out)
+    with pytest.raises(NPUOpError, match=r"_npu_paged_attention: workspace of \d+ bytes, "
+                                         r"the call needs \d+"):
+        paged(small)  # sized for one-token contexts, used for contexts up to 31 tokens
+    enough = sim._npu_paged_attention_get_workspace(query, key, value, hkv, heads, scale,
+                                                    table, lens, out)
+    paged(enough)
+
+
+def test_a_replay_refuses_a_task_whose_update_arguments_were_freed():
+    """A task holds addresses: what an update passed must outlive the replay."""
+    x, out = torch.ones(3), torch.zeros(3)
+    graph, handle = _capture_task(lambda: scale_into(x, 2.0, out))
+
+    def update(source):
+        g.graph_task_update_begin(None, handle)
+        scale_into(source, 3.0, out)
+        g.graph_task_update_end(None)
+
+    kept = torch.full((3,), 2.0)
+    update(kept)
+    graph.replay()
+    assert torch.equal(out, torch.full((3,), 6.0))  # reads `kept` through its address
+    kept.fill_(5.0)
+    graph.replay()
+    assert torch.equal(out, torch.full((3,), 15.0))
+    update(torch.full((3,), 7.0))  # a temporary, freed when update() returns
+    with pytest.raises(NPUOpError, match=r"task scale_into points at a freed torch.float32 "
+                                         r"tensor of shape \(3,\)"):
+        graph.replay()

@@ -66,15 +66,18 @@ def test_every_graph_mode_gives_hf_tokens(tiny_models, parity_dtype, expected, m
     assert (updates > 0) == (mode in FULL_MODES)  # FULL replays refresh attention tasks
 
 
-def test_skipping_the_update_hook_breaks_full_replay(tiny_models, parity_dtype, expected,
-                                                     monkeypatch):
-    """Proof of strictness: replaying with the capture's seq lens / block tables is wrong."""
+def test_skipping_the_update_hook_refuses_full_replay(tiny_models, parity_dtype,
+                                                      monkeypatch):
+    """Proof of strictness: without the hook a replayed task still points at the capture's
+    arguments, and the capture batch's slot mapping was freed after the capture (a device
+    would scatter the new K/V through whatever memory took its place): refused."""
     from vllm_npu.attention.backend import NPUAttentionImpl
+    from vllm_npu.ops.sim.checks import NPUOpError
 
     monkeypatch.setattr(NPUAttentionImpl, "update_graph_params", lambda *a, **k: None)
-    got, replays, _, _, _ = _run(tiny_models["llama"], parity_dtype)  # FULL_DECODE_ONLY
-    assert replays > 0
-    assert got != expected
+    with pytest.raises(NPUOpError, match=r"task _npu_reshape_and_cache points at a freed "
+                                         r"torch.int32 tensor"):
+        _run(tiny_models["llama"], parity_dtype)  # FULL_DECODE_ONLY
 
 
 def test_attention_task_replays_its_captured_lengths_without_an_update(

@@ -239,45 +239,69 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         ops._npu_reshape_and_cache(key, value, self._as_heads(k_plane),
                                    self._as_heads(v_plane), meta.slot_mapping)
 
-    def _attend(self, kind: str, q: torch.Tensor, kv_cache: torch.Tensor,
-                meta: NPUAttentionMetadata, out: torch.Tensor) -> None:
-        """The one attention call, shared by eager runs, graph capture and task updates."""
+    def _paged_args(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: NPUAttentionMetadata,
+                    out: torch.Tensor, seq_lens: torch.Tensor | None = None) -> dict:
         k_plane, v_plane = self._planes(kv_cache)
-        if kind == "paged_decode":
-            ops._npu_paged_attention(q, self._as_heads(k_plane), self._as_heads(v_plane),
-                                     self.num_kv_heads, self.num_heads, self.scale,
-                                     meta.block_table, meta.seq_lens, out)
-            return
+        return dict(query=q, key_cache=self._as_heads(k_plane),
+                    value_cache=self._as_heads(v_plane), num_kv_heads=self.num_kv_heads,
+                    num_heads=self.num_heads, scale_value=self.scale,
+                    block_table=meta.block_table,
+                    context_lens=meta.seq_lens if seq_lens is None else seq_lens, out=out)
+
+    def _fia_args(self, q: torch.Tensor, kv_cache: torch.Tensor,
+                  meta: NPUAttentionMetadata) -> tuple[tuple, dict]:
+        k_plane, v_plane = self._planes(kv_cache)
         window = {"sparse_mode": 3}
         if self.sliding_window is not None:
             window = {"sparse_mode": 4, "pre_tokens": self.sliding_window - 1,
                       "next_tokens": 0}
+        return (q, k_plane, v_plane), dict(
+            atten_mask=meta.attn_mask, actual_seq_lengths=meta.query_ends,
+            actual_seq_lengths_kv=meta.seq_lens_list, block_table=meta.block_table,
+            num_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
+            scale=self.scale, input_layout="TND", block_size=k_plane.shape[1], **window)
+
+    def _attend(self, kind: str, q: torch.Tensor, kv_cache: torch.Tensor,
+                meta: NPUAttentionMetadata, out: torch.Tensor,
+                workspace: torch.Tensor | None = None) -> None:
+        """The one attention call, shared by eager runs, graph capture and task updates
+        (`workspace`: a graph task's, kept alive with its tasks; None: the op's own)."""
+        if kind == "paged_decode":
+            ops._npu_paged_attention(**self._paged_args(q, kv_cache, meta, out),
+                                     workspace=workspace)
+            return
         if self._lse is None:
             self._lse = torch.zeros(1, dtype=torch.float32, device=q.device)
-        ops.npu_fused_infer_attention_score_out(
-            q, k_plane, v_plane, out=[out, self._lse],
-            atten_mask=meta.attn_mask,
-            actual_seq_lengths=meta.query_ends,
-            actual_seq_lengths_kv=meta.seq_lens_list,
-            block_table=meta.block_table,
-            num_heads=self.num_heads,
-            num_key_value_heads=self.num_kv_heads,
-            scale=self.scale,
-            input_layout="TND",
-            block_size=k_plane.shape[1],
-            **window,
-        )
+        args, kwargs = self._fia_args(q, kv_cache, meta)
+        ops.npu_fused_infer_attention_score_out(*args, out=[out, self._lse],
+                                                workspace=workspace, **kwargs)
+
+    def _task_workspace(self, kind: str, q: torch.Tensor, kv_cache: torch.Tensor,
+                        meta: NPUAttentionMetadata, out: torch.Tensor) -> torch.Tensor:
+        """A graph task's workspace, large enough for every batch it is updated with: FIA's
+        "max" workspace depends on shapes only; paged attention's grows with the context,
+        so it is sized for the longest one the captured block table can address."""
+        if kind == "paged_decode":
+            longest = meta.block_table.shape[1] * kv_cache.shape[2]
+            lens = torch.full_like(meta.seq_lens, longest)
+            return ops._npu_paged_attention_get_workspace(
+                **self._paged_args(q, kv_cache, meta, out, seq_lens=lens))
+        args, kwargs = self._fia_args(q, kv_cache, meta)
+        return ops._npu_fused_infer_attention_score_get_max_workspace(*args, **kwargs)
 
     def _attend_dcp(self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     kv_cache: torch.Tensor, meta: NPUAttentionMetadata, out: torch.Tensor,
-                    backend=None) -> tuple | None:
+                    backend=None) -> DCPTasks | None:
         """Context shard (all DCP ranks' heads, merged over ranks) + new tokens, merged.
 
         Under graph capture (`backend` given) the two attention calls are separate tasks
-        and the context path is always taken; returns (new-token task, context task,
-        gathered query) for update_graph_params."""
-        new_task, (new_out, new_lse) = as_task(backend, self._dcp_new_tokens, q, key, value,
-                                                meta)
+        (FIA `.out` with their own outputs and workspaces) and the context path is always
+        taken; returns their handles and buffers for update_graph_params."""
+        t, heads = q.shape[:2]
+        new = self._dcp_new_tokens_args(q, key, value, meta)
+        new_out, new_lse = torch.empty_like(q), q.new_empty(t, heads, 1, dtype=torch.float32)
+        new_ws = _max_workspace(new) if backend is not None else None
+        new_task, _ = as_task(backend, _fia_out, new, new_out, new_lse, new_ws)
         if backend is None and not meta.dcp.any_context:
             out.copy_(new_out)
             return None
@@ -285,12 +309,20 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
 
         group = get_dcp_group()
         q_all = group.all_gather(q.contiguous(), dim=1)  # [T, W*H, D]
-        ctx_task, (ctx_out, ctx_lse) = as_task(backend, self._dcp_context, q_all, kv_cache,
-                                                meta)
-        ctx_out, ctx_lse = combine_over_ranks(group, ctx_out, ctx_lse[..., 0], self.num_heads)
-        merged, _ = merge_partials([ctx_out, new_out], [ctx_lse, new_lse[..., 0]])
+        ctx = self._dcp_context_args(q_all, kv_cache, meta)
+        ctx_out = torch.empty_like(q_all)
+        ctx_lse = q_all.new_empty(t, q_all.shape[1], 1, dtype=torch.float32)
+        ctx_ws = _max_workspace(ctx) if backend is not None else None
+        ctx_task, _ = as_task(backend, _fia_out, ctx, ctx_out, ctx_lse, ctx_ws)
+        merged_ctx, merged_lse = combine_over_ranks(group, ctx_out, ctx_lse[..., 0],
+                                                    self.num_heads)
+        merged, _ = merge_partials([merged_ctx, new_out], [merged_lse, new_lse[..., 0]])
         out.copy_(merged)
-        return new_task, ctx_task, q_all
+        if backend is None:
+            return None
+        return DCPTasks(new_tokens=new_task, context=ctx_task, key=key, value=value, q_all=q_all,
+                        new_out=new_out, new_lse=new_lse, new_workspace=new_ws,
+                        ctx_out=ctx_out, ctx_lse=ctx_lse, ctx_workspace=ctx_ws)
 
     @staticmethod
     def _gather_new_tokens(key: torch.Tensor, value: torch.Tensor, pcp: PCPMetadata):
@@ -314,22 +346,22 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         self._attend("fused", query[:n], kv_cache, local, output[:n])
         output[n:].zero_()
 
-    def _dcp_new_tokens(self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                        meta: NPUAttentionMetadata):
+    def _dcp_new_tokens_args(self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             meta: NPUAttentionMetadata) -> tuple[tuple, dict]:
         """This step's tokens, which every DCP rank holds in full: causal, with lse."""
-        return ops.npu_fused_infer_attention_score(
-            q, key, value, atten_mask=meta.attn_mask, actual_seq_lengths=meta.query_ends,
+        return (q, key, value), dict(
+            atten_mask=meta.attn_mask, actual_seq_lengths=meta.query_ends,
             actual_seq_lengths_kv=meta.query_ends, num_heads=self.num_heads,
             num_key_value_heads=self.num_kv_heads, scale=self.scale, input_layout="TND",
             sparse_mode=3, softmax_lse_flag=True)
 
-    def _dcp_context(self, q_all: torch.Tensor, kv_cache: torch.Tensor,
-                     meta: NPUAttentionMetadata):
+    def _dcp_context_args(self, q_all: torch.Tensor, kv_cache: torch.Tensor,
+                          meta: NPUAttentionMetadata) -> tuple[tuple, dict]:
         """The gathered heads over this rank's context shard. The cached context precedes
         every new token: no mask."""
         k_plane, v_plane = self._planes(kv_cache)
-        return ops.npu_fused_infer_attention_score(
-            q_all, k_plane, v_plane, actual_seq_lengths=meta.query_ends,
+        return (q_all, k_plane, v_plane), dict(
+            actual_seq_lengths=meta.query_ends,
             actual_seq_lengths_kv=meta.dcp.local_context_lens, block_table=meta.block_table,
             num_heads=q_all.shape[1], num_key_value_heads=self.num_kv_heads,
             scale=self.scale, input_layout="TND", block_size=k_plane.shape[1],
@@ -383,32 +415,35 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         capturing = backend.is_capturing()
         if attn_metadata.dcp is not None:
             new_k, new_v = key[:n].contiguous(), value[:n].contiguous()
-            tasks = self._attend_dcp(query[:n], new_k, new_v, kv_cache, attn_metadata,
-                                     output[:n], backend if capturing else None)
+            dcp = self._attend_dcp(query[:n], new_k, new_v, kv_cache, attn_metadata,
+                                   output[:n], backend if capturing else None)
             if capturing:
-                new_task, ctx_task, q_all = tasks
-                self._register_tasks(layer, "dcp", new_task, query[:n], kv_cache, output[:n],
-                                     dcp=(ctx_task, new_k, new_v, q_all))
+                self._register_tasks(layer, "dcp", dcp.new_tokens, query[:n], kv_cache,
+                                     output[:n], dcp=dcp)
             return output
         if not capturing:
             self._attend(self._kind(attn_metadata, None), query[:n], kv_cache, attn_metadata,
                          output[:n])
             return output
         kind = self._kind(attn_metadata, get_forward_context().batch_descriptor)
+        workspace = self._task_workspace(kind, query[:n], kv_cache, attn_metadata, output[:n])
         attention, _ = as_task(backend, self._attend, kind, query[:n], kv_cache,
-                                attn_metadata, output[:n])
-        self._register_tasks(layer, kind, attention, query[:n], kv_cache, output[:n])
+                               attn_metadata, output[:n], workspace)
+        self._register_tasks(layer, kind, attention, query[:n], kv_cache, output[:n],
+                             workspace=workspace)
         return output
 
     def _register_tasks(self, layer: AttentionLayer, kind: str, attention, query: torch.Tensor,
-                        kv_cache: torch.Tensor, output: torch.Tensor, dcp=None) -> None:
+                        kv_cache: torch.Tensor, output: torch.Tensor, dcp=None,
+                        workspace: torch.Tensor | None = None) -> None:
         # A layer sharing another layer's KV cache writes nothing: no cache task.
         cache_write, key_n, value_n = self._captured_cache_task or (None, None, None)
         self._captured_cache_task = None
         GRAPH_PARAMS.register(get_forward_context().batch_descriptor, layer.layer_name,
                               AttentionTasks(cache_write=cache_write, attention=attention,
                                              kind=kind, query=query, key=key_n, value=value_n,
-                                             kv_cache=kv_cache, output=output, dcp=dcp))
+                                             kv_cache=kv_cache, output=output,
+                                             workspace=workspace, dcp=dcp))
 
     def update_graph_params(self, backend, stream, tasks: AttentionTasks,
                             meta: NPUAttentionMetadata) -> None:
@@ -419,16 +454,47 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
             backend.task_update_end(stream)
         if tasks.kind != "dcp":
             backend.task_update_begin(stream, tasks.attention)
-            self._attend(tasks.kind, tasks.query, tasks.kv_cache, meta, tasks.output)
+            self._attend(tasks.kind, tasks.query, tasks.kv_cache, meta, tasks.output,
+                         tasks.workspace)
             backend.task_update_end(stream)
             return
-        ctx_task, new_k, new_v, q_all = tasks.dcp
+        dcp = tasks.dcp
         backend.task_update_begin(stream, tasks.attention)
-        self._dcp_new_tokens(tasks.query, new_k, new_v, meta)
+        _fia_out(self._dcp_new_tokens_args(tasks.query, dcp.key, dcp.value, meta),
+                 dcp.new_out, dcp.new_lse, dcp.new_workspace)
         backend.task_update_end(stream)
-        backend.task_update_begin(stream, ctx_task)
-        self._dcp_context(q_all, tasks.kv_cache, meta)
+        backend.task_update_begin(stream, dcp.context)
+        _fia_out(self._dcp_context_args(dcp.q_all, tasks.kv_cache, meta), dcp.ctx_out,
+                 dcp.ctx_lse, dcp.ctx_workspace)
         backend.task_update_end(stream)
+
+
+@dataclass(frozen=True, slots=True)
+class DCPTasks:
+    """The DCP graph path's two tasks and the buffers they write or read."""
+    new_tokens: object            # task handle: this step's tokens (every rank holds them)
+    context: object               # task handle: the gathered heads over this rank's shard
+    key: torch.Tensor             # [T, Hkv, D] new tokens' K, captured input
+    value: torch.Tensor
+    q_all: torch.Tensor           # [T, W*H, D] every DCP rank's heads
+    new_out: torch.Tensor         # [T, H, D] + lse [T, H, 1]: the new-token task's results
+    new_lse: torch.Tensor
+    new_workspace: torch.Tensor | None
+    ctx_out: torch.Tensor         # [T, W*H, D] + lse: the context task's results
+    ctx_lse: torch.Tensor
+    ctx_workspace: torch.Tensor | None
+
+
+def _fia_out(call: tuple[tuple, dict], out: torch.Tensor, lse: torch.Tensor,
+             workspace: torch.Tensor | None) -> None:
+    args, kwargs = call
+    ops.npu_fused_infer_attention_score_out(*args, out=[out, lse], workspace=workspace,
+                                            **kwargs)
+
+
+def _max_workspace(call: tuple[tuple, dict]) -> torch.Tensor:
+    args, kwargs = call
+    return ops._npu_fused_infer_attention_score_get_max_workspace(*args, **kwargs)
 
 
 def as_task(backend, fn, *args):

@@ -241,6 +241,20 @@ class NPUMLAMetadataBuilder(MLACommonMetadataBuilder[NPUMLAMetadata]):
         return meta
 
 
+def _padded_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """t's first `rows` rows, zero rows appended where t has fewer (a new tensor)."""
+    out = t.new_zeros(rows, *t.shape[1:])
+    m = min(rows, t.shape[0])
+    out[:m] = t[:m]
+    return out
+
+
+def _task_slots(slot_mapping: torch.Tensor, rows: int) -> torch.Tensor:
+    """int32 slots for a cache-write task of `rows` rows; padding tokens (PAD_SLOT_ID, or
+    past the batch) go to slot 0 of vLLM's null block, which no request reads."""
+    return _padded_rows(slot_mapping.to(torch.int32), rows).clamp_(min=0)
+
+
 def _batch_num_tokens() -> int | None:
     """Tokens of the running batch (padding excluded); None in profile / dummy runs."""
     if not is_forward_context_available():
@@ -285,6 +299,7 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
         self._use_flashinfer_concat_mla_k = False
         self.latent_dim = self.kv_lora_rank + self.qk_rope_head_dim
         self._captured_cache_task: tuple | None = None
+        self._update_args: tuple = ()
 
     # ---- cache write -------------------------------------------------------------
     def do_kv_cache_update(self, kv_c_normed: torch.Tensor, k_pe: torch.Tensor,
@@ -304,9 +319,10 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
         rows = torch.cat((kv_c_normed[:n], k_pe[:n].reshape(n, -1)), dim=-1).to(kv_cache.dtype)
         backend = get_graph_backend()
         if backend.is_capturing():
-            # The dummy batch is not stored; update_graph_params issues each replay's write.
-            task, _ = as_task(backend, self._write_rows, rows[:0], kv_cache,
-                              slot_mapping[:0].to(torch.int32))
+            # One row per token of the captured batch; update_graph_params gives each
+            # replay's slots (padding tokens into the null block).
+            task, _ = as_task(backend, self._write_rows, rows, kv_cache,
+                              _task_slots(slot_mapping, n))
             self._captured_cache_task = (task, rows)
             return
         slots = slot_mapping[:n].to(torch.int32)
@@ -409,18 +425,26 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
     def update_graph_params(self, backend, stream, tasks: MLATasks,
                             meta: NPUMLAMetadata) -> None:
         """Re-issue this layer's captured tasks for a new pure-decode batch (before a FULL
-        replay): the latent write of its tokens, then attention over its lengths."""
-        slots = meta.slot_mapping[:meta.num_actual_tokens].to(torch.int32)
-        n = int((slots >= 0).sum())  # the graph's padding tokens trail, with PAD_SLOT_ID
+        replay): the latent write of its tokens, then attention over its lengths. Each
+        task keeps the captured batch's shape: padding tokens write into vLLM's null block
+        (block 0, never given to a request; ATB's cache write refuses negative slots) and
+        padding requests attend its first row (ATB's MLA paged attention refuses a zero
+        context length); their outputs are never read."""
+        d = meta.decode
+        lens = _padded_rows(d.seq_lens, tasks.query.shape[0])
+        padding = lens <= 0
+        lens[padding] = 1
+        table = _padded_rows(d.block_table, lens.shape[0])
+        table[padding] = 0
+        slots = _task_slots(meta.slot_mapping[:meta.num_actual_tokens], tasks.rows.shape[0])
+        # The tasks hold these tensors' addresses: keep them until the next update.
+        self._update_args = (slots, table)
         if tasks.cache_write is not None:
             backend.task_update_begin(stream, tasks.cache_write)
-            self._write_rows(tasks.rows[:n], tasks.kv_cache, slots[:n])
+            self._write_rows(tasks.rows, tasks.kv_cache, slots)
             backend.task_update_end(stream)
-        d = meta.decode
-        b = int((d.seq_lens > 0).sum())  # padding requests trail, with length 0
         backend.task_update_begin(stream, tasks.attention)
-        self._decode(tasks.query[:b], tasks.kv_cache, d.block_table[:b], d.seq_lens[:b],
-                     tasks.output[:b])
+        self._decode(tasks.query, tasks.kv_cache, table, lens, tasks.output)
         backend.task_update_end(stream)
 
     def _decode_with_lse(self, query: torch.Tensor, cache: torch.Tensor,

@@ -44,8 +44,10 @@ class SimGraphBackend:
         graph.capture_begin(pool)
         try:
             yield
-        finally:
-            graph.capture_end()
+        except BaseException:
+            graph.capture_end(aborted=True)
+            raise
+        graph.capture_end()
 
     def is_capturing(self) -> bool:
         return self._g.is_capturing()

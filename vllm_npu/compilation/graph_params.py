@@ -32,7 +32,8 @@ class AttentionTasks:
     value: torch.Tensor | None  # [T, Hkv, D]
     kv_cache: torch.Tensor      # [num_blocks, 2, block_size, Hkv*D]
     output: torch.Tensor        # [T, H, D]    where the graph reads the result
-    dcp: tuple | None = None    # (context task, new K, new V, gathered query) with DCP
+    workspace: torch.Tensor | None = None  # the attention task's, alive as long as it
+    dcp: Any = None             # backend.DCPTasks with DCP
 
 
 class GraphParams:

@@ -14,6 +14,8 @@ OP_NAMES = (
     "npu_fused_infer_attention_score",
     "npu_fused_infer_attention_score_out",
     "_npu_paged_attention",
+    "_npu_fused_infer_attention_score_get_max_workspace",
+    "_npu_paged_attention_get_workspace",
     "_npu_reshape_and_cache",
     "_npu_reshape_and_cache_siso",
     "_npu_paged_attention_mla",

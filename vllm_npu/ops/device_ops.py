@@ -24,12 +24,25 @@ def npu_fused_infer_attention_score_out(query, key, value, *, out, workspace=Non
                                                   out=out, **kwargs)
 
 
+_npu_fused_infer_attention_score_get_max_workspace = \
+    torch_npu._npu_fused_infer_attention_score_get_max_workspace
+
+
 def _npu_paged_attention(query, key_cache, value_cache, num_kv_heads, num_heads, scale_value,
-                         block_table, context_lens, out):
+                         block_table, context_lens, out, workspace=None):
+    extra = {} if workspace is None else {"workspace": workspace}
     torch_npu._npu_paged_attention(query=query, key_cache=key_cache, value_cache=value_cache,
                                    num_kv_heads=num_kv_heads, num_heads=num_heads,
                                    scale_value=scale_value, block_table=block_table,
-                                   context_lens=context_lens, out=out)
+                                   context_lens=context_lens, out=out, **extra)
+
+
+def _npu_paged_attention_get_workspace(query, key_cache, value_cache, num_kv_heads, num_heads,
+                                       scale_value, block_table, context_lens, out):
+    return torch_npu._npu_paged_attention_get_workspace(
+        query=query, key_cache=key_cache, value_cache=value_cache, num_kv_heads=num_kv_heads,
+        num_heads=num_heads, scale_value=scale_value, block_table=block_table,
+        context_lens=context_lens, out=out)
 
 
 def _npu_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):

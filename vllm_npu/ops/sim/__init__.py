@@ -18,8 +18,13 @@ _FIA_HOST = ("actual_seq_lengths", "actual_seq_lengths_kv")
 npu_fused_infer_attention_score = graph_op(attention.npu_fused_infer_attention_score,
                                            host_args=_FIA_HOST)
 npu_fused_infer_attention_score_out = graph_op(attention.npu_fused_infer_attention_score_out,
-                                               host_args=_FIA_HOST)
-_npu_paged_attention = graph_op(attention._npu_paged_attention, host_args=("context_lens",))
+                                               host_args=_FIA_HOST, workspace=True)
+_npu_paged_attention = graph_op(attention._npu_paged_attention, host_args=("context_lens",),
+                                workspace=True)
+# Workspace queries run on the host before capture / update: not graph ops.
+_npu_fused_infer_attention_score_get_max_workspace = \
+    attention._npu_fused_infer_attention_score_get_max_workspace
+_npu_paged_attention_get_workspace = attention._npu_paged_attention_get_workspace
 _npu_reshape_and_cache = graph_op(cache._npu_reshape_and_cache)
 _npu_reshape_and_cache_siso = graph_op(mla._npu_reshape_and_cache_siso)
 _npu_paged_attention_mla = graph_op(mla._npu_paged_attention_mla, host_args=("context_lens",))

@@ -219,10 +219,59 @@ def npu_fused_infer_attention_score(
     return out, (lse if softmax_lse_flag else torch.zeros(1))
 
 
+# Workspaces. The device ops size theirs from their tiling; the simulator's size model
+# keeps the property callers depend on: FIA's "max" workspace depends on shapes only,
+# ATB paged attention's grows with the longest context (vllm-ascend captures with a fixed
+# long seq_len for that reason: model_runner_v1.py, SEQ_LEN_WITH_MAX_PA_WORKSPACE).
+_WORKSPACE_BASE = 4096
+_WORKSPACE_UNIT = 64
+
+
+def _check_workspace(op: str, workspace: torch.Tensor | None, need: int) -> None:
+    if workspace is None:
+        return  # eager call: the op allocates its own
+    have = workspace.numel() * workspace.element_size()
+    if have < need:
+        raise NPUOpError(f"{op}: workspace of {have} bytes, the call needs {need} (size it "
+                         "with the op's get-workspace function for the largest batch the "
+                         "task will be updated with)")
+
+
+def _fia_workspace_bytes(query: torch.Tensor, num_heads: int) -> int:
+    return _WORKSPACE_BASE + _WORKSPACE_UNIT * query.shape[0] * num_heads
+
+
+def _npu_fused_infer_attention_score_get_max_workspace(query: torch.Tensor, key: torch.Tensor,
+                                                       value: torch.Tensor, *,
+                                                       num_heads: int = 1,
+                                                       **kwargs) -> torch.Tensor:
+    """The workspace an FIA call of these shapes needs for any sequence lengths."""
+    return torch.empty(_fia_workspace_bytes(query, num_heads), dtype=torch.uint8)
+
+
+def _paged_workspace_bytes(query: torch.Tensor, key_cache: torch.Tensor,
+                           context_lens: torch.Tensor) -> int:
+    longest = int(context_lens.max()) if context_lens.numel() else 0
+    blocks = -(-longest // key_cache.shape[1])
+    return _WORKSPACE_BASE + _WORKSPACE_UNIT * query.shape[0] * query.shape[1] * blocks
+
+
+def _npu_paged_attention_get_workspace(query: torch.Tensor, key_cache: torch.Tensor,
+                                       value_cache: torch.Tensor, num_kv_heads: int,
+                                       num_heads: int, scale_value: float,
+                                       block_table: torch.Tensor, context_lens: torch.Tensor,
+                                       out: torch.Tensor) -> torch.Tensor:
+    """The workspace `_npu_paged_attention` needs for these context lengths (longer
+    contexts need more)."""
+    return torch.empty(_paged_workspace_bytes(query, key_cache, context_lens),
+                       dtype=torch.uint8)
+
+
 def _npu_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
                          value_cache: torch.Tensor, num_kv_heads: int, num_heads: int,
                          scale_value: float, block_table: torch.Tensor,
-                         context_lens: torch.Tensor, out: torch.Tensor) -> None:
+                         context_lens: torch.Tensor, out: torch.Tensor,
+                         workspace: torch.Tensor | None = None) -> None:
     """Decode attention (one query token per request), written into `out` [B, N, D].
 
     key_cache/value_cache [num_blocks, block_size, Hkv, D]; context_lens int32 on the host.
@@ -251,6 +300,7 @@ def _npu_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
     max_len = int(context_lens.max()) if B else 0
     if max_len > block_table.shape[1] * bs:
         raise NPUOpError(f"{op}: context length {max_len} exceeds the block table")
+    _check_workspace(op, workspace, _paged_workspace_bytes(query, key_cache, context_lens))
     flat_k = key_cache.view(key_cache.shape[0], bs, -1)
     flat_v = value_cache.view(value_cache.shape[0], bs, -1)
     k = gather_paged(flat_k, block_table, num_kv_heads, max_len)
@@ -268,9 +318,13 @@ def npu_fused_infer_attention_score_out(query: torch.Tensor, key: torch.Tensor,
     """The `.out` variant (what graph capture records): results go into out=[attn, lse]."""
     op = "npu_fused_infer_attention_score.out"
     attn, lse = npu_fused_infer_attention_score(query, key, value, **kwargs)
+    _check_workspace(op, workspace, _fia_workspace_bytes(query, kwargs.get("num_heads", 1)))
     if out[0].shape != attn.shape or out[0].dtype != attn.dtype:
         raise NPUOpError(f"{op}: out[0] must be {tuple(attn.shape)} {attn.dtype}, got "
                          f"{tuple(out[0].shape)} {out[0].dtype}")
     out[0].copy_(attn)
     if kwargs.get("softmax_lse_flag"):
+        if out[1].shape != lse.shape or out[1].dtype != lse.dtype:
+            raise NPUOpError(f"{op}: out[1] (softmax_lse) must be {tuple(lse.shape)} "
+                             f"{lse.dtype}, got {tuple(out[1].shape)} {out[1].dtype}")
         out[1].copy_(lse)

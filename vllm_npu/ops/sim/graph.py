@@ -12,6 +12,12 @@ captured buffers, and only a task updated through the update API sees new argume
     replay:   run every entry in order; results are copied into the captured outputs
     update:   between task_update_begin(handle) and task_update_end, op-surface calls
               do not run: they replace the handle's calls (same ops, new arguments)
+
+A task holds device addresses, not tensors: the simulator keeps a task's device-tensor
+arguments by weak reference and refuses a replay whose task points at freed memory.
+Task groups also refuse what a device cannot record or update: a zero-element input, an
+op that allocates its own outputs (a non-`out` variant), a missing workspace, and an
+update whose arguments differ in shape from the captured call's.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import contextlib
 import functools
 import inspect
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -36,15 +43,77 @@ def _copy_into(captured: Any, fresh: Any) -> None:
                 old.copy_(new)
 
 
+class _DeviceRef:
+    """A device tensor as a task sees it: an address (storage, offset, sizes, strides),
+    not an owner. Source: an ACL graph task stores the kernel's launch arguments, raw
+    device pointers (CANN `aclmdlRICaptureTaskUpdateBegin/End` replace them); the caching
+    allocator reuses a freed block for the next allocation, so a task whose workspace or
+    output was freed reads or writes someone else's memory at replay. vllm-ascend keeps
+    every such buffer alive in its graph params (`graph_params.workspaces[num_tokens]`)."""
+    __slots__ = ("ref", "offset", "shape", "stride", "dtype")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.ref = weakref.ref(t.untyped_storage())
+        self.offset, self.shape, self.stride = t.storage_offset(), tuple(t.shape), t.stride()
+        self.dtype = t.dtype
+
+    def get(self, op: str) -> torch.Tensor:
+        storage = self.ref()
+        if storage is None:
+            raise NPUOpError(f"graph replay: task {op} points at a freed {self.dtype} tensor "
+                             f"of shape {self.shape}; keep every tensor a captured or "
+                             "updated task uses (workspace, outputs, update arguments) alive "
+                             "until the graph is replayed")
+        return torch.empty(0, dtype=self.dtype).set_(storage, self.offset, self.shape,
+                                                     self.stride)
+
+
+def _weaken(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _DeviceRef(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_weaken(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _weaken(v) for k, v in value.items()}
+    return value
+
+
+def _resolve(value: Any, op: str) -> Any:
+    if isinstance(value, _DeviceRef):
+        return value.get(op)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_resolve(v, op) for v in value)
+    if isinstance(value, dict):
+        return {k: _resolve(v, op) for k, v in value.items()}
+    return value
+
+
+def _layout(value: Any) -> Any:
+    """What a task's launch configuration depends on: tensor shapes and dtypes, the
+    lengths of host lists (not their values, which an update may change)."""
+    if isinstance(value, (torch.Tensor, _DeviceRef)):
+        return tuple(value.shape), value.dtype
+    if isinstance(value, (list, tuple)):
+        return tuple(_layout(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _layout(v) for k, v in value.items()}
+    return None
+
+
 @dataclass
 class _Entry:
     fn: Callable[..., Any]
     args: tuple
     kwargs: dict
     outputs: Any = None
+    task: bool = False  # a task group's call: device-tensor arguments held weakly
 
     def run(self) -> None:
-        _copy_into(self.outputs, self.fn(*self.args, **self.kwargs))
+        args, kwargs = self.args, self.kwargs
+        if self.task:
+            name = self.fn.__name__
+            args, kwargs = _resolve(args, name), _resolve(kwargs, name)
+        _copy_into(self.outputs, self.fn(*args, **kwargs))
 
 
 @dataclass(eq=False)
@@ -52,6 +121,7 @@ class TaskHandle:
     """A group of op-surface calls in a captured graph whose arguments can be updated."""
     graph: "SimGraph"
     entries: list[_Entry] = field(default_factory=list)
+    layouts: list[Any] = field(default_factory=list)  # each call's argument shapes
     updates: int = 0
 
 
@@ -113,9 +183,11 @@ class SimGraph:
         self._recorder.__enter__()
         _state.capturing = self
 
-    def capture_end(self) -> None:
-        if _state.open_task is not None:
+    def capture_end(self, aborted: bool = False) -> None:
+        """`aborted`: the capture failed with an error of its own, which must surface."""
+        if _state.open_task is not None and not aborted:
             raise RuntimeError("capture ended inside graph_task_group_begin/end")
+        _state.open_task = None
         _state.capturing = None
         self._recorder.__exit__(None, None, None)
         self._recorder = None
@@ -140,8 +212,8 @@ def _snapshot(value: Any) -> Any:
     return value
 
 
-def graph_op(fn: Callable[..., Any] | None = None, *,
-             host_args: tuple[str, ...] = ()) -> Callable[..., Any]:
+def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...] = (),
+             workspace: bool = False) -> Callable[..., Any]:
     """Make a simulated op graph-aware: recorded as one entry under capture (a task's
     entry inside a task group), and captured into a task update inside one.
 
@@ -150,41 +222,85 @@ def graph_op(fn: Callable[..., Any] | None = None, *,
     hold their launch arguments: torch_npu `graph_task_update_begin/end` exist to replace
     them, and vllm-ascend re-issues its attention with new `actual_seq_lengths_kv` before
     each replay), so a later in-place change of the host buffer is not seen by a replay.
-    The simulator copies them at the same points."""
-    if fn is None:
-        return functools.partial(graph_op, host_args=host_args)
-    signature = inspect.signature(fn) if host_args else None
+    The simulator copies them at the same points.
 
-    def frozen(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        if signature is None:
+    `workspace`: the op takes a `workspace` tensor, which a task needs given (torch_npu
+    `npu_fused_infer_attention_score.out` and ATB `_npu_paged_attention` otherwise
+    allocate one per call and free it on return, so the task keeps a dangling address;
+    vllm-ascend passes `_npu_fused_infer_attention_score_get_max_workspace` /
+    `_npu_paged_attention_get_workspace` results in its graph paths)."""
+    if fn is None:
+        return functools.partial(graph_op, host_args=host_args, workspace=workspace)
+    signature = inspect.signature(fn)
+    extra = next((p.name for p in signature.parameters.values()
+                  if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+
+    def bind(args: tuple, kwargs: dict) -> dict:
+        bound = signature.bind_partial(*args, **kwargs)
+        named = dict(bound.arguments)
+        named.update(named.pop(extra, {}) if extra else {})
+        return named
+
+    def frozen(args: tuple, kwargs: dict, task: bool) -> tuple[tuple, dict]:
+        """The call as the task stores it: host arguments copied; with `task`, device
+        tensors held by address (_DeviceRef)."""
+        if not host_args and not task:
             return args, kwargs
         bound = signature.bind_partial(*args, **kwargs)
-        for name in host_args:
-            if name in bound.arguments:
-                bound.arguments[name] = _snapshot(bound.arguments[name])
-            elif name in bound.kwargs:  # absorbed by **kwargs (e.g. the .out variant)
-                extra = next(p for p in signature.parameters.values()
-                             if p.kind is inspect.Parameter.VAR_KEYWORD).name
-                bound.arguments[extra] = dict(bound.arguments[extra])
-                bound.arguments[extra][name] = _snapshot(bound.kwargs[name])
+        for name, value in list(bound.arguments.items()):
+            if name == extra:
+                bound.arguments[name] = {k: _snapshot(v) if k in host_args else
+                                         _weaken(v) if task else v for k, v in value.items()}
+            elif name in host_args:
+                bound.arguments[name] = _snapshot(value)
+            elif task:
+                bound.arguments[name] = _weaken(value)
         return bound.args, bound.kwargs
+
+    def check_task_call(args: tuple, kwargs: dict) -> None:
+        named = bind(args, kwargs)
+        op = fn.__name__
+        if workspace and named.get("workspace") is None:
+            raise NPUOpError(f"{op} in a graph task needs a workspace (the op would allocate "
+                             "one per call and free it on return, leaving the task a "
+                             "dangling address): pass one from its get-workspace function "
+                             "and keep it until the graph is replayed")
+        for name, value in named.items():
+            for t in tree_leaves(value):
+                if isinstance(t, torch.Tensor) and t.numel() == 0:
+                    raise NPUOpError(
+                        f"{op} in a graph task group with a zero-element {name} "
+                        f"{tuple(t.shape)}: the device launches no kernel for an empty "
+                        "input (the group would hold no task, and every update would fail "
+                        "its task count); capture the task with the batch's rows")
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         if _state.pending is not None and current_stream() is _state.update_stream:
-            _state.pending.append((fn, *frozen(args, kwargs)))  # becomes the task's call
+            check_task_call(args, kwargs)
+            # becomes the task's call once graph_task_update_end has checked it
+            _state.pending.append((fn, *frozen(args, kwargs, True), bind(args, kwargs)))
             return None
         # (inside an update window but on another stream, a device runs the op now, with
         # these arguments, and the update receives nothing: modelled the same way)
         graph = _state.capturing
         if graph is None:
             return fn(*args, **kwargs)
+        task = _state.open_task
+        if task is not None:
+            check_task_call(args, kwargs)
         with _disable_current_modes():  # the op is one task: its internals (and the
             out = fn(*args, **kwargs)  # copies of its host arguments) are not recorded
-            entry = _Entry(fn, *frozen(args, kwargs), out)
+            entry = _Entry(fn, *frozen(args, kwargs, task is not None), out, task is not None)
+        if task is not None:
+            if any(isinstance(t, torch.Tensor) for t in tree_leaves(out)):
+                raise NPUOpError(
+                    f"{fn.__name__} allocates its outputs: inside a graph task group use "
+                    "its out variant (a task update re-issues the op, and a non-out variant "
+                    "would write to fresh buffers the graph never reads)")
+            task.entries.append(entry)
+            task.layouts.append(_layout(bind(args, kwargs)))
         graph.entries.append(entry)
-        if _state.open_task is not None:
-            _state.open_task.entries.append(entry)
         return out
 
     return wrapper
@@ -230,12 +346,23 @@ def graph_task_update_end(stream: Any = None) -> None:
     _state.updating = _state.pending = _state.update_stream = None
     if handle is None:
         raise RuntimeError("graph_task_update_end without graph_task_update_begin")
-    if [fn for fn, _, _ in calls] != [e.fn for e in handle.entries]:
+    if [fn for fn, *_ in calls] != [e.fn for e in handle.entries]:
         raise NPUOpError("graph task update must re-issue the captured ops in order on the "
                          "update stream (torch.npu.stream(update_stream)): captured "
                          f"{[e.fn.__name__ for e in handle.entries]}, got "
-                         f"{[fn.__name__ for fn, _, _ in calls]} on that stream")
-    for entry, (_, args, kwargs) in zip(handle.entries, calls):
+                         f"{[fn.__name__ for fn, *_ in calls]} on that stream")
+    for (fn, _, _, named), captured in zip(calls, handle.layouts):
+        # An updated task keeps its captured launch configuration (tiling, block dim):
+        # vllm-ascend pads every updated argument to the captured batch (seq lens padded
+        # with zeros to the graph size, mla_v1.py) instead of slicing the buffers.
+        layouts = _layout(named)
+        for name in sorted(set(layouts) | set(captured)):
+            layout = layouts.get(name)
+            if layout != captured.get(name):
+                raise NPUOpError(f"graph task update of {fn.__name__}: {name} is {layout}, "
+                                 f"captured {captured.get(name)}; pad the update's arguments "
+                                 "to the captured batch")
+    for entry, (_, args, kwargs, _) in zip(handle.entries, calls):
         entry.args, entry.kwargs = args, kwargs
     handle.updates += 1
 
