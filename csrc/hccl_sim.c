@@ -674,12 +674,38 @@ static HcclResult check_buf(const sim_comm_t *c, const void *p, uint64_t count, 
     return HCCL_SUCCESS;
 }
 
+/* Reductions on an Atlas A2 (910B), per the HcclAllReduce / HcclReduceScatter API
+ * reference (CANN hcclapiref, "dataType"): int8, int16, int32, int64, float16, float32 and
+ * bfp16 only (no unsigned types, no float64); "prod" takes neither int16 nor bfp16. The
+ * simulator can reduce every type, and refuses what the device refuses. */
+static int device_reduces(HcclDataType dt)
+{
+    switch (dt) {
+    case HCCL_DATA_TYPE_INT8: case HCCL_DATA_TYPE_INT16: case HCCL_DATA_TYPE_INT32:
+    case HCCL_DATA_TYPE_INT64: case HCCL_DATA_TYPE_FP16: case HCCL_DATA_TYPE_FP32:
+    case HCCL_DATA_TYPE_BFP16:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 static HcclResult check_dtype(const sim_comm_t *c, HcclDataType dt, int reducing,
                               const char *what)
 {
-    if (dtype_size(dt) == 0 || (reducing && reducer(dt) == NULL))
+    if (dtype_size(dt) == 0 || (reducing && (reducer(dt) == NULL || !device_reduces(dt))))
         return fail(HCCL_E_NOT_SUPPORT, "%s: rank %u: data type %d not supported%s", what,
-                    c->rank, (int)dt, reducing ? " for reductions" : "");
+                    c->rank, (int)dt, reducing ? " for reductions (Atlas A2: int8, int16, "
+                    "int32, int64, float16, float32, bfp16)" : "");
+    return HCCL_SUCCESS;
+}
+
+static HcclResult check_reduce(const sim_comm_t *c, HcclDataType dt, HcclReduceOp op,
+                               const char *what)
+{
+    if (op == HCCL_REDUCE_PROD && (dt == HCCL_DATA_TYPE_INT16 || dt == HCCL_DATA_TYPE_BFP16))
+        return fail(HCCL_E_NOT_SUPPORT, "%s: rank %u: reduce op prod does not support data "
+                    "type %d (int16, bfp16)", what, c->rank, (int)dt);
     return HCCL_SUCCESS;
 }
 
@@ -699,6 +725,7 @@ HcclResult HcclAllReduce(void *sendBuf, void *recvBuf, uint64_t count, HcclDataT
     (void)stream;
     CHECK(check_comm(comm, what, &c));
     CHECK(check_dtype(c, dataType, 1, what));
+    CHECK(check_reduce(c, dataType, op, what));
     CHECK(check_op(c, op, what));
     CHECK(check_buf(c, sendBuf, count, what, "sendBuf"));
     CHECK(check_buf(c, recvBuf, count, what, "recvBuf"));
@@ -786,6 +813,7 @@ HcclResult HcclReduceScatter(void *sendBuf, void *recvBuf, uint64_t recvCount,
     (void)stream;
     CHECK(check_comm(comm, what, &c));
     CHECK(check_dtype(c, dataType, 1, what));
+    CHECK(check_reduce(c, dataType, op, what));
     CHECK(check_op(c, op, what));
     CHECK(check_buf(c, sendBuf, recvCount, what, "sendBuf"));
     CHECK(check_buf(c, recvBuf, recvCount, what, "recvBuf"));

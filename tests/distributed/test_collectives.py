@@ -32,6 +32,10 @@ def _check_reduction(results: list[dict], world: int, dtype: str, op: str) -> No
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_all_reduce(cluster, dtype, op, numel):
+    if (dtype, op) == ("bfloat16", "prod"):  # hccl API reference: prod takes no bfp16
+        with pytest.raises(AssertionError, match="prod does not support data type 11"):
+            cluster.run("all_reduce", dtype=dtype, op=op, numel=numel, seed=numel)
+        return
     results = cluster.run("all_reduce", dtype=dtype, op=op, numel=numel, seed=numel)
     _check_reduction(results, cluster.world, dtype, op)
 
@@ -40,6 +44,10 @@ def test_all_reduce(cluster, dtype, op, numel):
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_reduce_scatter(cluster, dtype, op, numel):
+    if (dtype, op) == ("bfloat16", "prod"):
+        with pytest.raises(AssertionError, match="prod does not support data type 11"):
+            cluster.run("reduce_scatter", dtype=dtype, op=op, numel=numel, seed=numel + 1)
+        return
     results = cluster.run("reduce_scatter", dtype=dtype, op=op, numel=numel, seed=numel + 1)
     _check_reduction(results, cluster.world, dtype, op)
 

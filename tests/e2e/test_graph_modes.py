@@ -51,16 +51,33 @@ def expected(tiny_models):
     return [hf_greedy(path, p, n) for p, n in zip(prompts, max_tokens)]
 
 
+def _spy_npu_layers(mocker) -> dict:
+    from vllm_npu.ops.layers.activation import NPUSiluAndMul
+    from vllm_npu.ops.layers.layernorm import NPURMSNorm
+    from vllm_npu.ops.layers.rotary_embedding import NPURotaryEmbedding
+
+    return {cls.__name__: mocker.spy(cls, "forward_oot")
+            for cls in (NPURMSNorm, NPURotaryEmbedding, NPUSiluAndMul)}
+
+
 @pytest.mark.parametrize("mode", ["eager", "PIECEWISE", *FULL_MODES])
-def test_every_graph_mode_gives_hf_tokens(tiny_models, parity_dtype, expected, mode):
+def test_every_graph_mode_gives_hf_tokens(tiny_models, parity_dtype, expected, mode, mocker):
     path = tiny_models["llama"]
     kwargs = ({"enforce_eager": True} if mode == "eager"
               else {"compilation_config": {"cudagraph_mode": mode}})
+    layers = _spy_npu_layers(mocker)
     got, replays, updates, _, resolved = _run(path, parity_dtype, **kwargs)
     assert got == expected
+    calls = {name: spy.call_count for name, spy in layers.items()}
     if mode == "eager":
+        # The NPU layers (npu_rms_norm / npu_add_rms_norm, npu_rotary_mul, npu_swiglu)
+        # carry every step of an eager engine ...
+        assert all(calls.values()), calls
         assert replays == 0
         return
+    # ... while compiled modes on the simulated NPU keep vLLM's native layers (Dynamo would
+    # trace into the simulated ops' Python; see NPUPlatform.check_and_update_config).
+    assert not any(calls.values()), calls
     assert resolved.name == mode
     assert replays > 0  # graphs were replayed, not bypassed
     assert (updates > 0) == (mode in FULL_MODES)  # FULL replays refresh attention tasks

@@ -686,3 +686,55 @@ def test_attention_update_rejects(case, match):
         out = [torch.zeros(4, 12), torch.zeros(4, 12)]
     with pytest.raises(NPUOpError, match=match):
         npu_attention_update(lse, out, update_type)
+
+
+# ------------------------------------------ documented limits (#12 item 6)
+
+
+@pytest.mark.parametrize("mask", [MASK.tril(-1), ~MASK, torch.zeros_like(MASK),
+                                  MASK.clone().index_fill_(0, torch.tensor([5]), False)])
+def test_fia_refuses_a_mask_that_is_not_the_compressed_causal_one(mask):
+    """Only the contents matter here: right shape and dtype, wrong matrix."""
+    paged, q = _fia_setup()
+    with pytest.raises(NPUOpError, match=r"sparse_mode=3 needs the compressed causal mask "
+                                         r"\(True strictly above the diagonal"):
+        run_fia(q, paged, [3, 1], [130, 5], 4, 2, 1.0, atten_mask=mask)
+    run_fia(q, paged, [3, 1], [130, 5], 4, 2, 1.0, atten_mask=MASK.to(torch.uint8))
+
+
+def _paged_with_block(block_size, head_size, num_blocks=4):
+    cache = torch.zeros(num_blocks, block_size, 1, head_size)
+    q = torch.zeros(1, 1, head_size)
+    table = torch.zeros(1, 2, dtype=torch.int32)
+    return q, cache, table
+
+
+@pytest.mark.parametrize("block_size,head_size,match", [
+    (24, 64, r"block_size 24 must be a multiple of 16"),
+    (256, 288, r"head size 288 with block_size 256: needs head size in \(0, 576\] and "
+               r"block_size <= 128 above 256"),
+    (128, 592, r"head size 592 with block_size 128"),
+])
+def test_paged_attention_refuses_atb_block_and_head_limits(block_size, head_size, match):
+    q, cache, table = _paged_with_block(block_size, head_size)
+    with pytest.raises(NPUOpError, match=match):
+        _npu_paged_attention(q, cache, cache.clone(), 1, 1, 1.0, table,
+                             torch.tensor([3], dtype=torch.int32), torch.zeros_like(q))
+
+
+def test_paged_attention_takes_wide_heads_with_blocks_of_128():
+    q, cache, table = _paged_with_block(128, 288)
+    out = torch.full_like(q, float("nan"))
+    _npu_paged_attention(q, cache, cache.clone(), 1, 1, 1.0, table,
+                         torch.tensor([3], dtype=torch.int32), out)
+    assert torch.equal(out, torch.zeros_like(q))  # zero values everywhere
+
+
+@pytest.mark.parametrize("bad", [-1, 4])
+def test_paged_attention_refuses_block_table_entries_outside_the_cache(bad):
+    """ATB: every blockTables element in [0, num_blocks), used or not."""
+    q, cache, table = _paged_with_block(128, 64)
+    table[0, 1] = bad  # past the context: never read, still refused
+    with pytest.raises(NPUOpError, match=r"block_table elements must lie in \[0, 4\)"):
+        _npu_paged_attention(q, cache, cache.clone(), 1, 1, 1.0, table,
+                             torch.tensor([3], dtype=torch.int32), torch.zeros_like(q))

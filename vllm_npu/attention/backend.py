@@ -367,11 +367,13 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
             scale=self.scale, input_layout="TND", block_size=k_plane.shape[1],
             softmax_lse_flag=True)
 
-    def _kind(self, meta: NPUAttentionMetadata, capturing_desc) -> str:
+    def _kind(self, meta: NPUAttentionMetadata, capturing_desc, kv_cache: torch.Tensor) -> str:
         # A graph captured for a uniform-decode BatchDescriptor only ever replays pure
         # decode batches; any other graph may replay mixed ones, so it captures the fused op.
         decode_ok = capturing_desc is None or capturing_desc.uniform
-        if meta.is_pure_decode and self.use_paged_decode and decode_ok:
+        # ATB paged attention takes heads wider than 256 only with blocks of <= 128.
+        paged_ok = self.head_size <= 256 or kv_cache.shape[2] <= 128
+        if meta.is_pure_decode and self.use_paged_decode and decode_ok and paged_ok:
             return "paged_decode"
         return "fused"
 
@@ -422,10 +424,10 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
                                      output[:n], dcp=dcp)
             return output
         if not capturing:
-            self._attend(self._kind(attn_metadata, None), query[:n], kv_cache, attn_metadata,
+            self._attend(self._kind(attn_metadata, None, kv_cache), query[:n], kv_cache, attn_metadata,
                          output[:n])
             return output
-        kind = self._kind(attn_metadata, get_forward_context().batch_descriptor)
+        kind = self._kind(attn_metadata, get_forward_context().batch_descriptor, kv_cache)
         workspace = self._task_workspace(kind, query[:n], kv_cache, attn_metadata, output[:n])
         attention, _ = as_task(backend, self._attend, kind, query[:n], kv_cache,
                                attn_metadata, output[:n], workspace)

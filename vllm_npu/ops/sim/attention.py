@@ -95,6 +95,31 @@ def _check_mask(op: str, sparse_mode: int, atten_mask: torch.Tensor | None) -> N
                          f"({_MASK_SIDE}, {_MASK_SIDE}) atten_mask, got {shape}")
     if atten_mask.dtype not in _MASK_DTYPES:
         raise NPUOpError(f"{op}: atten_mask dtype {atten_mask.dtype}; supported: {_MASK_DTYPES}")
+    _check_mask_contents(op, sparse_mode, atten_mask)
+
+
+_CHECKED_MASKS: dict[tuple[int, int], bool] = {}  # (data_ptr, version) -> checked
+
+
+def _check_mask_contents(op: str, sparse_mode: int, atten_mask: torch.Tensor) -> None:
+    """Sparse modes 2-4 take the *compressed* mask, not a mask of the batch: the fixed
+    2048x2048 matrix with 1 (masked) strictly above the diagonal, 0 elsewhere; the kernel
+    derives each request's causal/band mask from it and its sequence lengths (torch_npu
+    `npu_fused_infer_attention_score` / `npu_fusion_attention` docs: "传入的atten_mask为优化后
+    的压缩下三角矩阵(2048*2048)"). Any other contents give wrong attention on a device
+    while the simulator would still apply the right mask: refused."""
+    key = (atten_mask.data_ptr(), atten_mask._version)
+    if key in _CHECKED_MASKS:
+        return
+    square = atten_mask.reshape(-1, _MASK_SIDE, _MASK_SIDE)
+    want = torch.ones(_MASK_SIDE, _MASK_SIDE, dtype=torch.bool).triu_(1)
+    if not all(torch.equal(m.bool(), want) for m in square):
+        raise NPUOpError(f"{op}: sparse_mode={sparse_mode} needs the compressed causal "
+                         f"mask (True strictly above the diagonal of a {_MASK_SIDE}x"
+                         f"{_MASK_SIDE} matrix); got a mask with other contents")
+    if len(_CHECKED_MASKS) > 64:
+        _CHECKED_MASKS.clear()
+    _CHECKED_MASKS[key] = True
 
 
 def npu_fused_infer_attention_score(
@@ -297,9 +322,12 @@ def _npu_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
     if out.shape != query.shape or out.dtype != query.dtype:
         raise NPUOpError(f"{op}: out must match query {tuple(query.shape)} {query.dtype}")
     bs = key_cache.shape[1]
+    _check_paged_limits(op, bs, D, block_table, key_cache.shape[0])
     max_len = int(context_lens.max()) if B else 0
     if max_len > block_table.shape[1] * bs:
-        raise NPUOpError(f"{op}: context length {max_len} exceeds the block table")
+        raise NPUOpError(f"{op}: context length {max_len} exceeds the block table "
+                         f"({block_table.shape[1]} blocks of {bs}; ATB: "
+                         "max_num_blocks_per_seq >= ceil(max(contextLens) / block_size))")
     _check_workspace(op, workspace, _paged_workspace_bytes(query, key_cache, context_lens))
     flat_k = key_cache.view(key_cache.shape[0], bs, -1)
     flat_v = value_cache.view(value_cache.shape[0], bs, -1)
@@ -309,6 +337,31 @@ def _npu_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
     o, _ = attend_padded(query.unsqueeze(1), k, v, ones, context_lens.long(), scale_value,
                          True, _INT_MAX, 0)
     out.copy_(o[:, 0])
+
+
+_PA_HEAD_MAX = 576         # K/V head size (0, 576] ...
+_PA_WIDE_HEAD = 256        # ... and above 256, block_size <= 128
+_PA_WIDE_HEAD_BLOCK = 128
+
+
+def _check_paged_limits(op: str, block_size: int, head_size: int, block_table: torch.Tensor,
+                        num_blocks: int) -> None:
+    """ATB PagedAttentionOperation's documented limits (CANN ascendtb "约束说明",
+    ascendtb_01_0198): block_size % 16 == 0; head_size in (0, 576] with block_size <= 128
+    when it exceeds 256 (the (0, 256], block_size * head_size <= 128*128 rule applies only
+    to the compression / parallel-decoding / quantized modes, which the plugin does not
+    use); every blockTables element in [0, num_blocks)."""
+    if block_size % 16:
+        raise NPUOpError(f"{op}: block_size {block_size} must be a multiple of 16")
+    if not 0 < head_size <= _PA_HEAD_MAX or \
+            (head_size > _PA_WIDE_HEAD and block_size > _PA_WIDE_HEAD_BLOCK):
+        raise NPUOpError(f"{op}: head size {head_size} with block_size {block_size}: needs "
+                         f"head size in (0, {_PA_HEAD_MAX}] and block_size <= "
+                         f"{_PA_WIDE_HEAD_BLOCK} above {_PA_WIDE_HEAD}")
+    if block_table.numel() and (int(block_table.min()) < 0
+                                or int(block_table.max()) >= num_blocks):
+        raise NPUOpError(f"{op}: block_table elements must lie in [0, {num_blocks}), got "
+                         f"[{int(block_table.min())}, {int(block_table.max())}]")
 
 
 def npu_fused_infer_attention_score_out(query: torch.Tensor, key: torch.Tensor,

@@ -1,0 +1,331 @@
+"""Validate the simulated NPU against a real one, op by op.
+
+Every op of the plugin's op surface (`vllm_npu.ops.OP_NAMES`) runs on torch_npu and on its
+simulated twin with the same inputs, and one ACL-graph round trip (capture a paged
+attention task, update it to new lengths on an update stream, replay) runs on both graph
+runtimes; the tool prints a table with the largest difference per output and exits 1 on
+any mismatch. One command on a 910B tells whether the simulator the CI trusts still
+matches the device:
+
+    python tools/device_conformance.py              # on an Ascend machine (torch_npu + CANN)
+    python tools/device_conformance.py --dry-run    # anywhere: the simulated side only,
+                                                    # to check that every case still runs
+
+Inputs are bfloat16 (the device's dtype; `--dtype float16` for the other one), small and
+seeded; host-side arguments (sequence-length lists, host int32 lengths) stay on the host.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+MASK_SIDE = 2048
+
+
+@dataclass
+class Case:
+    name: str           # op name on the surface (OP_NAMES), or "graph:..." for round trips
+    run: Callable       # run(ops, dev, dtype, gen) -> list of result tensors
+    atol: float = 2e-2  # bf16/fp16 accumulation differences between kernels
+
+
+def _randn(gen, *shape, dtype, dev, scale=1.0):
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype).to(dev)
+
+
+def _paged_kv(gen, dtype, dev, blocks=6, bs=128, hkv=2, d=64):
+    k = _randn(gen, blocks, bs, hkv * d, dtype=dtype, dev=dev)
+    v = _randn(gen, blocks, bs, hkv * d, dtype=dtype, dev=dev)
+    table = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32).to(dev)
+    return k, v, table
+
+
+# ---- the cases ----------------------------------------------------------------------------
+
+def _rms_norm(ops, dev, dtype, gen):
+    x, w = _randn(gen, 5, 128, dtype=dtype, dev=dev), _randn(gen, 128, dtype=dtype, dev=dev)
+    return list(ops.npu_rms_norm(x, w, 1e-6))
+
+
+def _add_rms_norm(ops, dev, dtype, gen):
+    x, r = (_randn(gen, 5, 128, dtype=dtype, dev=dev) for _ in range(2))
+    w = _randn(gen, 128, dtype=dtype, dev=dev)
+    return list(ops.npu_add_rms_norm(x, r, w, 1e-6))
+
+
+def _rotary(mode):
+    def run(ops, dev, dtype, gen):
+        x = _randn(gen, 1, 6, 4, 64, dtype=dtype, dev=dev)
+        angle = torch.rand(1, 6, 1, 32, generator=gen) * 6.28
+        if mode == "half":
+            angle = torch.cat((angle, angle), -1)
+        else:
+            angle = angle.repeat_interleave(2, -1)
+        cos, sin = angle.cos().to(dtype).to(dev), angle.sin().to(dtype).to(dev)
+        return [ops.npu_rotary_mul(x, cos, sin, mode)]
+    return run
+
+
+def _swiglu(ops, dev, dtype, gen):
+    return [ops.npu_swiglu(_randn(gen, 5, 256, dtype=dtype, dev=dev), dim=-1)]
+
+
+def _fia_kwargs(table, q_ends, kv_lens, heads=8, hkv=2, d=64):
+    mask = torch.ones(MASK_SIDE, MASK_SIDE, dtype=torch.bool).triu_(1).to(table.device)
+    return dict(atten_mask=mask, actual_seq_lengths=q_ends, actual_seq_lengths_kv=kv_lens,
+                block_table=table, num_heads=heads, num_key_value_heads=hkv,
+                scale=d ** -0.5, input_layout="TND", block_size=128, sparse_mode=3,
+                softmax_lse_flag=True)
+
+
+def _fia(ops, dev, dtype, gen):
+    k, v, table = _paged_kv(gen, dtype, dev)
+    q = _randn(gen, 5, 8, 64, dtype=dtype, dev=dev)  # a 4-token chunk and a decode
+    out, lse = ops.npu_fused_infer_attention_score(q, k, v, **_fia_kwargs(table, [4, 5],
+                                                                          [300, 131]))
+    return [out, lse]
+
+
+def _fia_out(ops, dev, dtype, gen):
+    k, v, table = _paged_kv(gen, dtype, dev)
+    q = _randn(gen, 5, 8, 64, dtype=dtype, dev=dev)
+    kwargs = _fia_kwargs(table, [4, 5], [300, 131])
+    workspace = ops._npu_fused_infer_attention_score_get_max_workspace(q, k, v, **kwargs)
+    out = torch.empty_like(q)
+    lse = torch.empty(5, 8, 1, dtype=torch.float32, device=q.device)
+    ops.npu_fused_infer_attention_score_out(q, k, v, out=[out, lse], workspace=workspace,
+                                            **kwargs)
+    return [out, lse]
+
+
+def _paged_args(gen, dtype, dev, lens):
+    k, v, table = _paged_kv(gen, dtype, dev)
+    q = _randn(gen, 2, 8, 64, dtype=dtype, dev=dev)
+    return dict(query=q, key_cache=k.view(6, 128, 2, 64), value_cache=v.view(6, 128, 2, 64),
+                num_kv_heads=2, num_heads=8, scale_value=0.125, block_table=table,
+                context_lens=torch.tensor(lens, dtype=torch.int32),
+                out=torch.empty_like(q))
+
+
+def _paged_attention(ops, dev, dtype, gen):
+    args = _paged_args(gen, dtype, dev, [300, 17])
+    workspace = ops._npu_paged_attention_get_workspace(**args)
+    ops._npu_paged_attention(**args, workspace=workspace)
+    return [args["out"]]
+
+
+def _reshape_and_cache(ops, dev, dtype, gen):
+    key, value = (_randn(gen, 3, 2, 64, dtype=dtype, dev=dev) for _ in range(2))
+    kc, vc = (torch.zeros(4, 128, 2, 64, dtype=dtype, device=dev) for _ in range(2))
+    ops._npu_reshape_and_cache(key, value, kc, vc,
+                               torch.tensor([5, 130, 511], dtype=torch.int32).to(dev))
+    return [kc, vc]
+
+
+def _reshape_and_cache_siso(ops, dev, dtype, gen):
+    rows = _randn(gen, 3, 1, 576, dtype=dtype, dev=dev)
+    cache = torch.zeros(4, 128, 1, 576, dtype=dtype, device=dev)
+    ops._npu_reshape_and_cache_siso(rows, cache,
+                                    torch.tensor([0, 200, 511], dtype=torch.int32).to(dev))
+    return [cache]
+
+
+def _paged_attention_mla(ops, dev, dtype, gen):
+    cache = _randn(gen, 4, 128, 1, 576, dtype=dtype, dev=dev)
+    q = _randn(gen, 2, 16, 576, dtype=dtype, dev=dev)
+    out = torch.empty(2, 16, 512, dtype=dtype, device=dev)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32).to(dev)
+    ops._npu_paged_attention_mla(q, cache, 1, 16, 576 ** -0.5, table,
+                                 torch.tensor([200, 9], dtype=torch.int32), 512, out)
+    return [out]
+
+
+def _mla_split(ops, dev, dtype, gen):
+    cache = _randn(gen, 4, 128, 1, 576, dtype=dtype, dev=dev)
+    q_nope = _randn(gen, 2, 16, 512, dtype=dtype, dev=dev)
+    q_rope = _randn(gen, 2, 16, 64, dtype=dtype, dev=dev)
+    out = torch.empty(2, 16, 512, dtype=dtype, device=dev)
+    lse = torch.empty(2, 16, 1, dtype=dtype, device=dev)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32).to(dev)
+    ops.npu_multi_head_latent_attention(
+        q_nope, q_rope, cache[..., :512], cache[..., 512:], table, [200, 9], 16,
+        576 ** -0.5, 1, calc_type="calc_type_ring", return_lse=True, output=out, lse=lse)
+    return [out, lse]
+
+
+def _attention_update(ops, dev, dtype, gen):
+    lse = [(torch.randn(6, generator=gen) * 3).to(dev) for _ in range(3)]
+    outs = [_randn(gen, 6, 64, dtype=dtype, dev=dev) for _ in range(3)]
+    return list(ops.npu_attention_update(lse, outs, 1))
+
+
+def _gating_top_k(ops, dev, dtype, gen):
+    logits = _randn(gen, 7, 16, dtype=dtype, dev=dev)
+    bias = _randn(gen, 16, dtype=dtype, dev=dev, scale=0.1)
+    weights, ids, _ = ops.npu_moe_gating_top_k(
+        logits, 4, bias=bias, k_group=2, group_count=4, group_select_mode=1, renorm=0,
+        norm_type=1, out_flag=False, routed_scaling_factor=2.5, eps=1e-20)
+    return [weights, ids]
+
+
+def _moe_pipeline(ops, dev, dtype, gen):
+    """init_routing_v2 -> grouped_matmul -> token_unpermute, as the MoE layer chains them."""
+    tokens, hidden, inter, experts, k = 6, 64, 32, 8, 2
+    x = _randn(gen, tokens, hidden, dtype=dtype, dev=dev)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)])
+    ids = ids.to(torch.int32).to(dev)
+    expanded, row_idx, counts, _ = ops.npu_moe_init_routing_v2(
+        x, ids, active_num=tokens * k, expert_num=experts, expert_tokens_num_type=1,
+        expert_tokens_num_flag=True, active_expert_range=[0, experts], row_idx_type=0)
+    w = _randn(gen, experts, hidden, inter, dtype=dtype, dev=dev, scale=0.1)
+    rows = ops.npu_grouped_matmul([expanded], [w], group_list=counts, split_item=2,
+                                  group_type=0, group_list_type=1)[0]
+    probs = torch.rand(tokens, k, generator=gen).to(dtype).to(dev)
+    out = ops.npu_moe_token_unpermute(rows, row_idx.to(torch.int32), probs)
+    return [expanded, row_idx, counts, rows, out]
+
+
+def _graph_round_trip(ops, dev, dtype, gen, backend):
+    """Capture a paged-attention task at lengths A, update it to B, replay: equals eager B."""
+    args = _paged_args(gen, dtype, dev, [300, 17])
+    longest = torch.full((2,), 3 * 128, dtype=torch.int32)
+    workspace = ops._npu_paged_attention_get_workspace(**{**args, "context_lens": longest})
+    graph = backend.new_graph()
+    with backend.capture(graph, backend.graph_pool_handle()):
+        stream = backend.current_stream()
+        backend.task_group_begin(stream)
+        ops._npu_paged_attention(**args, workspace=workspace)
+        handle = backend.task_group_end(stream)
+    new_lens = torch.tensor([129, 383], dtype=torch.int32)
+    update_stream = backend.new_stream()
+    with backend.stream(update_stream):
+        backend.task_update_begin(update_stream, handle)
+        ops._npu_paged_attention(**{**args, "context_lens": new_lens}, workspace=workspace)
+        backend.task_update_end(update_stream)
+    graph.replay()
+    replayed = args["out"].clone()
+    eager = dict(args, context_lens=new_lens, out=torch.empty_like(args["out"]))
+    ops._npu_paged_attention(**eager)
+    return [replayed, replayed - eager["out"]]  # the second must be zero on both sides
+
+
+CASES = [
+    Case("npu_rms_norm", _rms_norm),
+    Case("npu_add_rms_norm", _add_rms_norm),
+    Case("npu_rotary_mul[half]", _rotary("half")),
+    Case("npu_rotary_mul[interleave]", _rotary("interleave")),
+    Case("npu_swiglu", _swiglu),
+    Case("npu_fused_infer_attention_score", _fia),
+    Case("npu_fused_infer_attention_score_out", _fia_out),
+    Case("_npu_paged_attention", _paged_attention),
+    Case("_npu_reshape_and_cache", _reshape_and_cache, atol=0.0),
+    Case("_npu_reshape_and_cache_siso", _reshape_and_cache_siso, atol=0.0),
+    Case("_npu_paged_attention_mla", _paged_attention_mla),
+    Case("npu_multi_head_latent_attention", _mla_split),
+    Case("npu_attention_update", _attention_update),
+    Case("npu_moe_gating_top_k", _gating_top_k),
+    Case("npu_moe_init_routing_v2+npu_grouped_matmul+npu_moe_token_unpermute", _moe_pipeline),
+]
+GRAPH_CASE = "graph:paged_attention capture/update/replay"
+
+
+def _compare(sim: list, dev: list, atol: float) -> tuple[float, str]:
+    worst, note = 0.0, "ok"
+    if len(sim) != len(dev):
+        return float("inf"), f"{len(sim)} outputs vs {len(dev)}"
+    for i, (a, b) in enumerate(zip(sim, dev)):
+        b = b.cpu()
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return float("inf"), f"output {i}: {a.dtype}{tuple(a.shape)} vs " \
+                                 f"{b.dtype}{tuple(b.shape)}"
+        diff = (a.double() - b.double()).abs().nan_to_num(float("inf"))
+        err = float(diff.max()) if diff.numel() else 0.0
+        if err > atol:
+            note = f"output {i} differs by {err:.3g} (atol {atol})"
+        worst = max(worst, err)
+    return worst, note
+
+
+def _run_side(case_run, ops, dev, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return [t.detach() for t in case_run(ops, dev, dtype, gen)]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true",
+                        help="run the simulated side only (no NPU needed)")
+    parser.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
+    args = parser.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+
+    from vllm_npu import ops as surface
+    from vllm_npu.compilation.graph_backend import SimGraphBackend
+    from vllm_npu.ops import sim
+
+    covered = {part.split("[")[0] for c in CASES for part in c.name.split("+")}
+    missing = sorted(set(surface.OP_NAMES) - covered - {
+        "_npu_fused_infer_attention_score_get_max_workspace",  # used by the .out case
+        "_npu_paged_attention_get_workspace"})                 # used by the paged case
+    if missing:
+        print(f"ops without a conformance case: {missing}", file=sys.stderr)
+        return 1
+    device = None
+    if not args.dry_run:
+        try:
+            from vllm_npu.compilation.graph_backend import NPUGraphBackend
+            from vllm_npu.ops import device_ops
+            device = (device_ops, torch.device("npu:0"), NPUGraphBackend())
+        except Exception as e:  # noqa: BLE001 - torch_npu / CANN absent: say so, stop
+            print(f"no Ascend NPU here ({type(e).__name__}: {e}); use --dry-run to run "
+                  "the simulated side only", file=sys.stderr)
+            return 2
+    rows, failed = [], 0
+    cases = [(c.name, c.run, c.atol) for c in CASES]
+    cases.append((GRAPH_CASE, None, 2e-2))
+    for seed, (name, run, atol) in enumerate(cases):
+        if run is None:  # the graph round trip, on each side's graph runtime
+            def sim_run(o, d, t, g):
+                return _graph_round_trip(o, d, t, g, SimGraphBackend())
+
+            def dev_run(o, d, t, g):
+                return _graph_round_trip(o, d, t, g, device[2])
+        else:
+            sim_run = dev_run = run
+        try:
+            got_sim = _run_side(sim_run, sim, torch.device("cpu"), dtype, seed)
+        except Exception as e:  # noqa: BLE001 - reported in the table
+            rows.append((name, "sim failed", f"{type(e).__name__}: {e}"))
+            failed += 1
+            continue
+        if run is None and float(got_sim[1].abs().max()) != 0.0:
+            rows.append((name, "sim failed", "the replay differs from the eager call"))
+            failed += 1
+            continue
+        if device is None:
+            rows.append((name, "-", f"sim ok ({len(got_sim)} outputs)"))
+            continue
+        try:
+            got_dev = _run_side(dev_run, device[0], device[1], dtype, seed)
+        except Exception as e:  # noqa: BLE001 - a device refusal is a finding too
+            rows.append((name, "device failed", f"{type(e).__name__}: {e}"))
+            failed += 1
+            continue
+        err, note = _compare(got_sim, got_dev, atol)
+        failed += note != "ok"
+        rows.append((name, f"{err:.3g}", note))
+    print("| case | max abs diff | result |")
+    print("|---|---:|---|")
+    for name, err, note in rows:
+        print(f"| {name} | {err} | {note} |")
+    print(f"\n{len(rows) - failed}/{len(rows)} cases agree"
+          + (" (simulated side only)" if device is None else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
