@@ -439,8 +439,11 @@ def test_impl_refuses_unsupported_features():
                   qk_nope_head_dim=d.P, qk_rope_head_dim=d.R, qk_head_dim=d.P + d.R,
                   v_head_dim=d.V, kv_b_proj=None)
     with set_current_vllm_config(make_config(d, torch.float32)):
-        for bad in (dict(sliding_window=64), dict(logits_soft_cap=30.0),
-                    dict(kv_cache_dtype="fp8"), dict(attn_type=AttentionType.ENCODER),
-                    dict(indexer=object())):
-            with pytest.raises(NotImplementedError):
+        for bad, match in ((dict(sliding_window=64), r"does not support \['sliding_window'\]"),
+                           (dict(logits_soft_cap=30.0),
+                            r"does not support \['logits_soft_cap'\]"),
+                           (dict(kv_cache_dtype="fp8"), r"kv_cache_dtype='fp8'; supported"),
+                           (dict(attn_type=AttentionType.ENCODER), "decoder attention only"),
+                           (dict(indexer=object()), r"\['indexer \(sparse MLA\)'\]")):
+            with pytest.raises(NotImplementedError, match=match):
                 NPUMLAImpl(**(common | bad))

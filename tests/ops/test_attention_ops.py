@@ -738,3 +738,14 @@ def test_paged_attention_refuses_block_table_entries_outside_the_cache(bad):
     with pytest.raises(NPUOpError, match=r"block_table elements must lie in \[0, 4\)"):
         _npu_paged_attention(q, cache, cache.clone(), 1, 1, 1.0, table,
                              torch.tensor([3], dtype=torch.int32), torch.zeros_like(q))
+
+
+def test_fia_checks_an_inference_mode_mask():
+    """Masks built under torch.inference_mode (as in the engine) have no version counter."""
+    paged, q = _fia_setup()
+    with torch.inference_mode():
+        mask = torch.ones(2048, 2048, dtype=torch.bool).triu_(1)
+        run_fia(q, paged, [3, 1], [130, 5], 4, 2, 1.0, atten_mask=mask)
+        bad = torch.zeros(2048, 2048, dtype=torch.bool)
+        with pytest.raises(NPUOpError, match="compressed causal mask"):
+            run_fia(q, paged, [3, 1], [130, 5], 4, 2, 1.0, atten_mask=bad)

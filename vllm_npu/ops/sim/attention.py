@@ -98,7 +98,7 @@ def _check_mask(op: str, sparse_mode: int, atten_mask: torch.Tensor | None) -> N
     _check_mask_contents(op, sparse_mode, atten_mask)
 
 
-_CHECKED_MASKS: dict[tuple[int, int], bool] = {}  # (data_ptr, version) -> checked
+_CHECKED_MASKS: dict[tuple, bool] = {}  # (data_ptr, version) -> checked
 
 
 def _check_mask_contents(op: str, sparse_mode: int, atten_mask: torch.Tensor) -> None:
@@ -108,7 +108,9 @@ def _check_mask_contents(op: str, sparse_mode: int, atten_mask: torch.Tensor) ->
     `npu_fused_infer_attention_score` / `npu_fusion_attention` docs: "传入的atten_mask为优化后
     的压缩下三角矩阵(2048*2048)"). Any other contents give wrong attention on a device
     while the simulator would still apply the right mask: refused."""
-    key = (atten_mask.data_ptr(), atten_mask._version)
+    # (inference tensors keep no version counter: those are checked once per address)
+    version = None if atten_mask.is_inference() else atten_mask._version
+    key = (atten_mask.data_ptr(), version)
     if key in _CHECKED_MASKS:
         return
     square = atten_mask.reshape(-1, _MASK_SIDE, _MASK_SIDE)
