@@ -126,34 +126,41 @@ def _reshape_and_cache(ops, dev, dtype, gen):
     return [kc, vc]
 
 
-def _reshape_and_cache_siso(ops, dev, dtype, gen):
-    rows = _randn(gen, 3, 1, 576, dtype=dtype, dev=dev)
-    cache = torch.zeros(4, 128, 1, 576, dtype=dtype, device=dev)
-    ops._npu_reshape_and_cache_siso(rows, cache,
-                                    torch.tensor([0, 200, 511], dtype=torch.int32).to(dev))
-    return [cache]
+def _reshape_and_cache_mla(ops, dev, dtype, gen):
+    """The MLA backend's write: K = kv_c_normed into the nope plane, V = k_pe into rope."""
+    c, r = _randn(gen, 3, 1, 512, dtype=dtype, dev=dev), _randn(gen, 3, 1, 64, dtype=dtype,
+                                                                 dev=dev)
+    nope = torch.zeros(4, 128, 1, 512, dtype=dtype, device=dev)
+    rope = torch.zeros(4, 128, 1, 64, dtype=dtype, device=dev)
+    ops._npu_reshape_and_cache(c, r, nope, rope,
+                               torch.tensor([0, 200, 511], dtype=torch.int32).to(dev))
+    return [nope, rope]
 
 
-def _paged_attention_mla(ops, dev, dtype, gen):
-    cache = _randn(gen, 4, 128, 1, 576, dtype=dtype, dev=dev)
-    q = _randn(gen, 2, 16, 576, dtype=dtype, dev=dev)
-    out = torch.empty(2, 16, 512, dtype=dtype, device=dev)
+def _mla_planes(gen, dtype, dev):
+    nope = _randn(gen, 4, 128, 1, 512, dtype=dtype, dev=dev)
+    rope = _randn(gen, 4, 128, 1, 64, dtype=dtype, dev=dev)
+    q_nope = _randn(gen, 2, 16, 512, dtype=dtype, dev=dev)
+    q_rope = _randn(gen, 2, 16, 64, dtype=dtype, dev=dev)
     table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32).to(dev)
-    ops._npu_paged_attention_mla(q, cache, 1, 16, 576 ** -0.5, table,
-                                 torch.tensor([200, 9], dtype=torch.int32), 512, out)
+    return nope, rope, q_nope, q_rope, table
+
+
+def _mla_decode(ops, dev, dtype, gen):
+    nope, rope, q_nope, q_rope, table = _mla_planes(gen, dtype, dev)
+    out = torch.empty(2, 16, 512, dtype=dtype, device=dev)
+    ops.npu_multi_head_latent_attention(q_nope, q_rope, nope, rope, table, [200, 9], 16,
+                                        576 ** -0.5, 1, output=out)
     return [out]
 
 
-def _mla_split(ops, dev, dtype, gen):
-    cache = _randn(gen, 4, 128, 1, 576, dtype=dtype, dev=dev)
-    q_nope = _randn(gen, 2, 16, 512, dtype=dtype, dev=dev)
-    q_rope = _randn(gen, 2, 16, 64, dtype=dtype, dev=dev)
+def _mla_decode_lse(ops, dev, dtype, gen):
+    nope, rope, q_nope, q_rope, table = _mla_planes(gen, dtype, dev)
     out = torch.empty(2, 16, 512, dtype=dtype, device=dev)
     lse = torch.empty(2, 16, 1, dtype=dtype, device=dev)
-    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32).to(dev)
     ops.npu_multi_head_latent_attention(
-        q_nope, q_rope, cache[..., :512], cache[..., 512:], table, [200, 9], 16,
-        576 ** -0.5, 1, calc_type="calc_type_ring", return_lse=True, output=out, lse=lse)
+        q_nope, q_rope, nope, rope, table, [200, 0], 16, 576 ** -0.5, 1,
+        calc_type="calc_type_ring", return_lse=True, output=out, lse=lse)
     return [out, lse]
 
 
@@ -223,9 +230,9 @@ CASES = [
     Case("npu_fused_infer_attention_score_out", _fia_out),
     Case("_npu_paged_attention", _paged_attention),
     Case("_npu_reshape_and_cache", _reshape_and_cache, atol=0.0),
-    Case("_npu_reshape_and_cache_siso", _reshape_and_cache_siso, atol=0.0),
-    Case("_npu_paged_attention_mla", _paged_attention_mla),
-    Case("npu_multi_head_latent_attention", _mla_split),
+    Case("_npu_reshape_and_cache[mla planes]", _reshape_and_cache_mla, atol=0.0),
+    Case("npu_multi_head_latent_attention", _mla_decode),
+    Case("npu_multi_head_latent_attention[lse, empty shard]", _mla_decode_lse),
     Case("npu_attention_update", _attention_update),
     Case("npu_moe_gating_top_k", _gating_top_k),
     Case("npu_moe_init_routing_v2+npu_grouped_matmul+npu_moe_token_unpermute", _moe_pipeline),

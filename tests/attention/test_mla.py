@@ -25,7 +25,12 @@ from vllm.v1.attention.selector import AttentionSelectorConfig
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 from vllm_npu import ops
-from vllm_npu.attention.mla import NPUMLABackend, NPUMLAImpl, NPUMLAMetadataBuilder
+from vllm_npu.attention.mla import (
+    NPUMLABackend,
+    NPUMLAImpl,
+    NPUMLAMetadataBuilder,
+    latent_planes,
+)
 from vllm_npu.attention.mla_prefill import NPUMLAPrefillBackend, cumulative
 from vllm_npu.platform import NPUPlatform
 
@@ -206,10 +211,12 @@ class Harness:
         torch.testing.assert_close(out.float(), torch.cat(refs), **TOL[self.dtype])
 
     def check_cache_holds_history(self):
+        nope, rope = latent_planes(self.kv_cache, self.d.L)
         for req in self.reqs:
             for p in range(req.length):
-                row = self.kv_cache[req.blocks[p // BS], p % BS]
-                assert torch.equal(row, torch.cat([req.kv_c[p], req.k_pe[p]]))
+                block, offset = req.blocks[p // BS], p % BS
+                assert torch.equal(nope[block, offset, 0], req.kv_c[p])
+                assert torch.equal(rope[block, offset, 0], req.k_pe[p].flatten())
 
 
 # ---------------------------------------------------------------------- forward scenarios
@@ -320,8 +327,8 @@ def test_padded_tokens_are_ignored(pad):
 
 def test_ops_each_path_calls(mocker):
     h = Harness(DIMS["small"], torch.float32, seed=13)
-    write = mocker.spy(ops, "_npu_reshape_and_cache_siso")
-    pa = mocker.spy(ops, "_npu_paged_attention_mla")
+    write = mocker.spy(ops, "_npu_reshape_and_cache")
+    pa = mocker.spy(ops, "npu_multi_head_latent_attention")
     fia = mocker.spy(ops, "npu_fused_infer_attention_score")
     a, b = h.add_request(), h.add_request()
     h.step([(a, 3), (b, 4)])

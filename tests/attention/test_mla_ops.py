@@ -4,11 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_npu.ops.sim import (
-    _npu_paged_attention_mla,
-    _npu_reshape_and_cache_siso,
-    npu_multi_head_latent_attention,
-)
+from vllm_npu.ops.sim import npu_multi_head_latent_attention
 from vllm_npu.ops.sim.checks import NPUOpError
 
 BS = 128
@@ -40,102 +36,75 @@ def _reference(query, cache, block_table, lens, L, scale):
     return torch.stack(outs)
 
 
+def _planes(cache, L):
+    """The two dense planes the MLA backend keeps (latent_planes)."""
+    return cache[..., :L].contiguous(), cache[..., L:].contiguous()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("dims", [(512, 64, 8), (32, 16, 4)])
-def test_paged_attention_mla_matches_reference(dims, dtype):
+def test_latent_attention_without_lse_matches_reference(dims, dtype):
+    """The plain decode call (no lse): ragged lengths on and across block boundaries."""
     L, R, N = dims
-    lens = [1, 127, 128, 129, 300]  # ragged, on and across block boundaries
+    lens = [1, 127, 128, 129, 300]
     query, cache, bt, cl = _latent_setup(len(lens), N, L, R, lens, dtype)
+    nope, rope = _planes(cache, L)
     out = torch.full((len(lens), N, L), 7.0, dtype=dtype)
-    _npu_paged_attention_mla(query, cache, 1, N, 0.07, bt, cl, L, out)
+    ret = npu_multi_head_latent_attention(query[..., :L].contiguous(),
+                                          query[..., L:].contiguous(), nope, rope, bt, lens,
+                                          N, 0.07, 1, output=out)
+    assert ret is out
     torch.testing.assert_close(out.float(), _reference(query, cache, bt, cl, L, 0.07),
                                **TOL[dtype])
 
 
-def test_paged_attention_mla_refusals():
+def test_latent_attention_refuses_strided_views_of_one_cache():
+    """ATB takes dense ND tensors: the nope/rope halves of a merged [.., L+R] cache are
+    strided views, which torch_npu would copy whole on every call."""
     L, R, N = 32, 16, 4
-    query, cache, bt, cl = _latent_setup(2, N, L, R, [5, 9], torch.float16)
-    out = torch.empty(2, N, L, dtype=torch.float16)
+    query, cache, bt, _ = _latent_setup(2, N, L, R, [5, 9], torch.float16)
+    q_nope, q_rope = query[..., :L].contiguous(), query[..., L:].contiguous()
+    with pytest.raises(NPUOpError, match="ctkv must be contiguous"):
+        npu_multi_head_latent_attention(q_nope, q_rope, cache[..., :L], cache[..., L:], bt,
+                                        [5, 9], N, 0.1, 1)
+    nope, rope = _planes(cache, L)
+    npu_multi_head_latent_attention(q_nope, q_rope, nope, rope, bt, [5, 9], N, 0.1, 1)
 
-    def call(**kw):
-        args = dict(query=query, key_cache=cache, num_kv_heads=1, num_heads=N,
-                    scale_value=0.1, block_table=bt, context_lens=cl, mla_vheadsize=L,
-                    out=out) | kw
-        _npu_paged_attention_mla(**args)
 
-    call()
+def test_latent_attention_shape_limits():
+    L, R, N = 32, 16, 4
+    query, cache, bt, _ = _latent_setup(2, N, L, R, [5, 9], torch.float16)
+    q_nope, q_rope = query[..., :L].contiguous(), query[..., L:].contiguous()
+    nope, rope = _planes(cache, L)
     cases = [
-        (dict(num_kv_heads=2), "MQA only"),
-        (dict(num_heads=8), "do not match"),
-        (dict(mla_vheadsize=L + R + 1), "mla_vheadsize"),
-        (dict(query=query.to(torch.int8)), "dtype"),
-        (dict(query=query.float()), "dtypes differ"),
-        (dict(block_table=bt.long()), "block_table"),
-        (dict(context_lens=cl.long()), "context_lens"),
-        (dict(context_lens=torch.tensor([0, 9], dtype=torch.int32)), "context lengths"),
-        (dict(context_lens=torch.tensor([5, 9999], dtype=torch.int32)), "context lengths"),
-        (dict(out=torch.empty(2, N, L + R, dtype=torch.float16)), "out must be"),
-        (dict(query=query.transpose(0, 1).contiguous().transpose(0, 1)), "contiguous"),
-        (dict(key_cache=cache.squeeze(2)), "4-D"),
+        (dict(kv_headnum=2), "MQA only"),
+        (dict(q_headnum=8), "MQA only"),
+        (dict(q_nope=q_nope.float()), "q_rope dtype torch.float16 != q_nope dtype torch.float32"),
+        (dict(block_tables=bt.long()), "block_tables must be int32"),
+        (dict(context_lens=[5, 9999]), "context_lens must be 2 host ints"),
+        (dict(output=torch.empty(2, N, L + R, dtype=torch.float16)), "output must be"),
+        (dict(ctkv=torch.zeros(2, 256, 1, L, dtype=torch.float16),
+              k_rope=torch.zeros(2, 256, 1, R, dtype=torch.float16)), "block_size=256"),
+        (dict(q_nope=torch.zeros(2, N, 600, dtype=torch.float16),
+              ctkv=torch.zeros(16, BS, 1, 600, dtype=torch.float16)), "L\\+R=616"),
     ]
     for kw, match in cases:
+        args = dict(q_nope=q_nope, q_rope=q_rope, ctkv=nope, k_rope=rope, block_tables=bt,
+                    context_lens=[5, 9], q_headnum=N, qk_scale=0.1, kv_headnum=1) | kw
         with pytest.raises(NPUOpError, match=match):
-            call(**kw)
-    # A head wider than 576, and a >256-wide head with 256-token blocks.
-    wide_q = torch.zeros(1, N, 640, dtype=torch.float16)
-    with pytest.raises(NPUOpError, match="head size 640"):
-        _npu_paged_attention_mla(wide_q, torch.zeros(2, BS, 1, 640, dtype=torch.float16), 1,
-                                 N, 0.1, bt[:1], cl[:1], 512, torch.empty(1, N, 512,
-                                                                          dtype=torch.float16))
-    q576 = torch.zeros(1, N, 576, dtype=torch.float16)
-    with pytest.raises(NPUOpError, match="block_size <= 128"):
-        _npu_paged_attention_mla(q576, torch.zeros(2, 256, 1, 576, dtype=torch.float16), 1,
-                                 N, 0.1, bt[:1], cl[:1], 512,
-                                 torch.empty(1, N, 512, dtype=torch.float16))
-    # Narrow heads may use larger blocks.
-    _npu_paged_attention_mla(query[:1], torch.zeros(2, 256, 1, L + R, dtype=torch.float16),
-                             1, N, 0.1, bt[:1], cl[:1], L, out[:1].clone())
-
-
-def test_reshape_and_cache_siso_writes_rows():
-    cache = torch.zeros(4, BS, 1, 48)
-    rows = torch.randn(5, 1, 48)
-    slots = torch.tensor([0, 127, 128, 300, 511], dtype=torch.int32)
-    _npu_reshape_and_cache_siso(rows, cache, slots)
-    for i, s in enumerate(slots.tolist()):
-        assert torch.equal(cache[s // BS, s % BS], rows[i])
-    assert int((cache != 0).any(-1).sum()) == 5
-
-
-def test_reshape_and_cache_siso_refusals():
-    cache = torch.zeros(4, BS, 1, 48)
-    rows = torch.randn(2, 1, 48)
-    ok = torch.tensor([1, 2], dtype=torch.int32)
-    cases = [
-        ((rows, cache, torch.tensor([1, -1], dtype=torch.int32)), "slot indices"),
-        ((rows, cache, torch.tensor([1, 512], dtype=torch.int32)), "slot indices"),
-        ((rows, cache, ok.long()), "int32"),
-        ((rows, cache, ok[:1]), "shape"),
-        ((rows.half(), cache, ok), "dtype"),
-        ((rows[..., :32], cache, ok), "does not fit"),
-        ((rows.squeeze(1), cache, ok), "3-D"),
-        ((rows.int(), cache.int(), ok), "dtype"),
-        ((rows, cache.transpose(0, 1), ok), "contiguous"),
-    ]
-    for args, match in cases:
-        with pytest.raises(NPUOpError, match=match):
-            _npu_reshape_and_cache_siso(*args)
+            npu_multi_head_latent_attention(**args)
 
 
 def _split_call(query, cache, bt, lens, L, scale, **kw):
-    """npu_multi_head_latent_attention on views of the one latent cache, as the backend
-    calls it under decode context parallelism."""
+    """npu_multi_head_latent_attention with an lse, as the backend calls it under decode
+    context parallelism."""
     B, N, _ = query.shape
     out = torch.full((B, N, L), 7.0, dtype=query.dtype)
     lse = torch.empty(B, N, 1, dtype=query.dtype)
+    nope, rope = _planes(cache, L)
     ret = npu_multi_head_latent_attention(
-        query[..., :L].contiguous(), query[..., L:].contiguous(), cache[..., :L],
-        cache[..., L:], bt, lens, N, scale, 1, output=out, lse=lse, **kw)
+        query[..., :L].contiguous(), query[..., L:].contiguous(), nope, rope, bt, lens, N,
+        scale, 1, output=out, lse=lse, **kw)
     return ret, out, lse
 
 

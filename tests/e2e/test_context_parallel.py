@@ -51,19 +51,20 @@ def _count_work(worker) -> None:
         original = getattr(ops, name)
 
         def call(*args, **kwargs):
-            key, n = count(*args)
+            key, n = count(*args, **kwargs)
             stats[key] += n
             return original(*args, **kwargs)
         setattr(ops, name, call)
 
-    def stored(*args):
+    def stored(*args, **kwargs):
         return "stored", int((args[-1] >= 0).sum())  # slots come last
 
     wrap("_npu_reshape_and_cache", stored)
-    wrap("_npu_reshape_and_cache_siso", stored)
-    wrap("npu_attention_update", lambda *args: ("lse_calls", 1))
-    wrap("npu_multi_head_latent_attention", lambda *args: ("lse_calls", 1))
-    wrap("npu_fused_infer_attention_score_out", lambda q, *args: ("query_rows", q.shape[0]))
+    wrap("npu_attention_update", lambda *args, **kwargs: ("lse_calls", 1))
+    wrap("npu_multi_head_latent_attention",  # MLA decode: with DCP it returns an lse
+         lambda *args, **kwargs: ("lse_calls", int(bool(kwargs.get("return_lse")))))
+    wrap("npu_fused_infer_attention_score_out",
+         lambda q, *args, **kwargs: ("query_rows", q.shape[0]))
     worker.work = stats
     worker.graph_base = _graph_counts()  # a forked worker inherits the parent's counters
 

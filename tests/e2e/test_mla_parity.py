@@ -52,8 +52,8 @@ def test_prompts_match_hf(engine, mocker):
     cached context, mixed decode + prefill steps, then pure decode."""
     _, path, llm = engine
     v = vocab(path)
-    decode = mocker.spy(ops, "_npu_paged_attention_mla")
-    write = mocker.spy(ops, "_npu_reshape_and_cache_siso")
+    decode = mocker.spy(ops, "npu_multi_head_latent_attention")
+    write = mocker.spy(ops, "_npu_reshape_and_cache")
     prefill = mocker.spy(ops, "npu_fused_infer_attention_score")
     prompts = [tokenize(path, "hello world the npu runs"),
                random_prompt(1, 1, v),             # a single-token prompt

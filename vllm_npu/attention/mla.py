@@ -5,14 +5,15 @@ cache through `impl.do_kv_cache_update`, runs prefill tokens through `impl.forwa
 and decode tokens through `impl.forward_mqa` with the weights already absorbed (W_UK
 into the query before, W_UV after). This module only supplies the device leaves.
 
-Latent KV cache of one layer (one "head" per token, as vLLM allocates MLA caches):
+Latent KV cache of one layer: vLLM sizes it as one "head" of L + R per token, and this
+backend lays that memory out as two planes (`latent_planes`):
 
-    kv_cache [num_blocks, block_size, L + R]           L = kv_lora_rank, R = qk_rope_head_dim
-              row = | kv_c_normed (L) | k_pe (R) |      slot s -> (s // block_size, s % block_size)
+    kv_cache memory  | nope [num_blocks, block_size, 1, L] | rope [num_blocks, block_size, 1, R] |
+                     L = kv_lora_rank, R = qk_rope_head_dim;  slot s -> (s // bs, s % bs) in both
 
-  write    `_npu_reshape_and_cache_siso`: [T, 1, L+R] rows into their slots
-  decode   `_npu_paged_attention_mla`: query [B, N, L+R] = [q_nope @ W_UK | q_pe] against the
-           latent rows (keys: all L+R features, values: the first L) -> [B, N, L]
+  write    `_npu_reshape_and_cache`: kv_c_normed [T, 1, L] into nope, k_pe [T, 1, R] into rope
+  decode   `npu_multi_head_latent_attention`: q_nope @ W_UK [B, N, L] and q_pe [B, N, R]
+           against both planes (keys: all L+R features, values: nope) -> [B, N, L]
   prefill  per request, kv rows = [cached context | new tokens] as latents, expanded through
            kv_b_proj to K = [k_nope | k_pe] and V; one fused-attention call, right-down causal
            (`NPUMLAPrefillBackend.run_prefill`)
@@ -72,7 +73,7 @@ from vllm_npu.attention.prefill_context_parallel import (
 from vllm_npu.compilation.graph_backend import get_graph_backend
 from vllm_npu.compilation.graph_params import GRAPH_PARAMS
 
-MLA_BLOCK_SIZE = 128  # ATB's MLA paged attention: block_size <= 128 for heads > 256 wide
+MLA_BLOCK_SIZE = 128  # ATB's MLA attention: block_size <= 128
 MAX_LATENT_HEAD = 576  # kv_lora_rank + qk_rope_head_dim, ATB limit
 
 
@@ -161,12 +162,32 @@ class NPUMLAMetadata(MLACommonMetadata[NPUMLADecodeMetadata]):
 @dataclass(frozen=True, slots=True)
 class MLATasks:
     """One MLA layer's tasks in one captured decode graph, with the buffers they read."""
-    cache_write: Any            # task handle: _npu_reshape_and_cache_siso (None: shared KV)
-    attention: Any              # task handle: _npu_paged_attention_mla
-    rows: torch.Tensor | None   # [T, L+R] new latent rows, captured
-    query: torch.Tensor         # [B, N, L+R] absorbed decode queries, captured
-    kv_cache: torch.Tensor      # [num_blocks, bs, L+R]
+    cache_write: Any            # task handle: _npu_reshape_and_cache (None: shared KV)
+    attention: Any              # task handle: npu_multi_head_latent_attention
+    nope_rows: torch.Tensor | None  # [T, 1, L] new latent rows, captured ...
+    rope_rows: torch.Tensor | None  # [T, 1, R] ... and their rotary part
+    q_nope: torch.Tensor        # [B, N, L] absorbed decode queries, captured ...
+    q_rope: torch.Tensor        # [B, N, R]
+    kv_cache: torch.Tensor      # the layer's cache memory (latent_planes)
     output: torch.Tensor        # [B, N, L] where the graph reads the result
+
+
+def latent_planes(kv_cache: torch.Tensor, kv_lora_rank: int):
+    """One MLA layer's cache memory, as vLLM sizes it ([num_blocks, bs, L+R]), laid out
+    as two contiguous planes: nope [num_blocks, bs, 1, L], then rope [num_blocks, bs,
+    1, R]. The ATB MLA ops take the two parts as separate dense tensors (a strided view
+    of one [.., L+R] row would be copied whole on every call); vllm-ascend allocates
+    them separately. A block's rows sit at the same block index in both planes, so
+    vLLM's block ids, prefix caching and memory accounting are unchanged; per-block
+    byte copies (KV transfer) must copy both planes' ranges."""
+    nb, bs, width = kv_cache.shape
+    if not kv_cache.is_contiguous():
+        raise ValueError(f"NPU MLA: the latent cache must be contiguous to hold its two "
+                         f"planes, got stride {kv_cache.stride()}")
+    flat = kv_cache.view(-1)
+    split = nb * bs * kv_lora_rank
+    return (flat[:split].view(nb, bs, 1, kv_lora_rank),
+            flat[split:].view(nb, bs, 1, width - kv_lora_rank))
 
 
 class NPUMLAMetadataBuilder(MLACommonMetadataBuilder[NPUMLAMetadata]):
@@ -297,7 +318,6 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
             get_current_vllm_config().parallel_config.cp_kv_cache_interleave_size
         self.supports_quant_query_input = False
         self._use_flashinfer_concat_mla_k = False
-        self.latent_dim = self.kv_lora_rank + self.qk_rope_head_dim
         self._captured_cache_task: tuple | None = None
         self._update_args: tuple = ()
 
@@ -316,32 +336,36 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
             # vLLM's MLA layer has gathered every rank's chunk (the batch in order, then
             # pad rows) against the whole batch's slot mapping.
             n = min(kv_c_normed.shape[0], slot_mapping.shape[0])
-        rows = torch.cat((kv_c_normed[:n], k_pe[:n].reshape(n, -1)), dim=-1).to(kv_cache.dtype)
+        # [T, 1, L] and [T, 1, R], contiguous: the two planes' new rows
+        c = kv_c_normed[:n].to(kv_cache.dtype).reshape(n, 1, -1).contiguous()
+        r = k_pe[:n].to(kv_cache.dtype).reshape(n, 1, -1).contiguous()
         backend = get_graph_backend()
         if backend.is_capturing():
             # One row per token of the captured batch; update_graph_params gives each
             # replay's slots (padding tokens into the null block).
-            task, _ = as_task(backend, self._write_rows, rows, kv_cache,
+            task, _ = as_task(backend, self._write_rows, c, r, kv_cache,
                               _task_slots(slot_mapping, n))
-            self._captured_cache_task = (task, rows)
+            self._captured_cache_task = (task, c, r)
             return
         slots = slot_mapping[:n].to(torch.int32)
         if (slots < 0).any():  # PAD_SLOT_ID: graph padding, other DCP ranks' tokens
             local = slots >= 0
-            rows, slots = rows[local], slots[local]
-        self._write_rows(rows, kv_cache, slots)
+            c, r, slots = c[local], r[local], slots[local]
+        self._write_rows(c, r, kv_cache, slots)
 
-    @staticmethod
-    def _write_rows(rows: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> None:
-        ops._npu_reshape_and_cache_siso(rows.unsqueeze(1), kv_cache.unsqueeze(2), slots)
+    def _write_rows(self, c: torch.Tensor, r: torch.Tensor, kv_cache: torch.Tensor,
+                    slots: torch.Tensor) -> None:
+        nope, rope = latent_planes(kv_cache, self.kv_lora_rank)
+        ops._npu_reshape_and_cache(c, r, nope, rope, slots)
 
     # ---- prefill: expand latents, dense causal attention ---------------------------
     def _gather_latents(self, kv_cache: torch.Tensor, block_row: torch.Tensor,
                         n: int) -> torch.Tensor:
         """The first n latent rows of one request: [n, L+R]."""
-        bs = kv_cache.shape[1]
+        nope, rope = latent_planes(kv_cache, self.kv_lora_rank)
+        bs = nope.shape[1]
         blocks = block_row[:-(-n // bs)].long()
-        return kv_cache[blocks].flatten(0, 1)[:n]
+        return torch.cat((nope[blocks].flatten(0, 2)[:n], rope[blocks].flatten(0, 2)[:n]), -1)
 
     def _prefill_latents(self, new_rows: torch.Tensor, kv_cache: torch.Tensor,
                          p: NPUMLAPrefillMetadata) -> torch.Tensor:
@@ -396,69 +420,74 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
                     layer: AttentionLayer) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q = (ql_nope [B, N, L], q_pe [B, N, R]) -> latent output [B, N, L]."""
         d = attn_metadata.decode
-        query = torch.cat(q, dim=-1) if isinstance(q, tuple) else q.contiguous()
-        act_dtype = query.dtype
-        query = query.to(kv_c_and_k_pe_cache.dtype)  # the op takes one dtype throughout
+        q_nope, q_rope = q if isinstance(q, tuple) else q.split(
+            [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        act_dtype = q_nope.dtype
+        cache_dtype = kv_c_and_k_pe_cache.dtype  # the op takes one dtype throughout
+        q_nope = q_nope.to(cache_dtype).contiguous()
+        q_rope = q_rope.to(cache_dtype).contiguous()
         if self.dcp_world_size > 1:
-            out, lse = self._decode_with_lse(query, kv_c_and_k_pe_cache, d)
+            out, lse = self._decode_with_lse(q_nope, q_rope, kv_c_and_k_pe_cache, d)
             return out.to(act_dtype), lse
-        out = query.new_empty(query.shape[0], self.num_heads, self.kv_lora_rank)
+        out = q_nope.new_empty(q_nope.shape)
         backend = get_graph_backend()
         if not backend.is_capturing():
-            self._decode(query, kv_c_and_k_pe_cache, d.block_table, d.seq_lens, out)
+            self._decode(q_nope, q_rope, kv_c_and_k_pe_cache, d.block_table, d.seq_lens, out)
             return out.to(act_dtype), None
-        attention, _ = as_task(backend, self._decode, query, kv_c_and_k_pe_cache,
+        attention, _ = as_task(backend, self._decode, q_nope, q_rope, kv_c_and_k_pe_cache,
                                d.block_table, d.seq_lens, out)
-        cache_write, rows = self._captured_cache_task or (None, None)
+        cache_write, c, r = self._captured_cache_task or (None, None, None)
         self._captured_cache_task = None
         GRAPH_PARAMS.register(get_forward_context().batch_descriptor, layer.layer_name,
-                              MLATasks(cache_write=cache_write, attention=attention, rows=rows,
-                                       query=query, kv_cache=kv_c_and_k_pe_cache, output=out))
+                              MLATasks(cache_write=cache_write, attention=attention,
+                                       nope_rows=c, rope_rows=r, q_nope=q_nope,
+                                       q_rope=q_rope, kv_cache=kv_c_and_k_pe_cache,
+                                       output=out))
         return out.to(act_dtype), None
 
-    def _decode(self, query: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
-                seq_lens: torch.Tensor, out: torch.Tensor) -> None:
+    def _decode(self, q_nope: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
+                block_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor) -> None:
         """The decode attention call, shared by eager runs, capture and task updates."""
-        ops._npu_paged_attention_mla(query, cache.unsqueeze(2), 1, self.num_heads, self.scale,
-                                     block_table, seq_lens, self.kv_lora_rank, out)
+        nope, rope = latent_planes(cache, self.kv_lora_rank)
+        ops.npu_multi_head_latent_attention(q_nope, q_rope, nope, rope, block_table,
+                                            seq_lens.tolist(), self.num_heads, self.scale, 1,
+                                            output=out)
 
     def update_graph_params(self, backend, stream, tasks: MLATasks,
                             meta: NPUMLAMetadata) -> None:
         """Re-issue this layer's captured tasks for a new pure-decode batch (before a FULL
         replay): the latent write of its tokens, then attention over its lengths. Each
         task keeps the captured batch's shape: padding tokens write into vLLM's null block
-        (block 0, never given to a request; ATB's cache write refuses negative slots) and
-        padding requests attend its first row (ATB's MLA paged attention refuses a zero
-        context length); their outputs are never read."""
+        (block 0, never given to a request) and padding requests have length 0 (as
+        vllm-ascend pads its lengths); their outputs are never read."""
         d = meta.decode
-        lens = _padded_rows(d.seq_lens, tasks.query.shape[0])
-        padding = lens <= 0
-        lens[padding] = 1
-        table = _padded_rows(d.block_table, lens.shape[0])
-        table[padding] = 0
-        slots = _task_slots(meta.slot_mapping[:meta.num_actual_tokens], tasks.rows.shape[0])
+        batch = tasks.q_nope.shape[0]
+        lens = _padded_rows(d.seq_lens, batch)  # padding requests: length 0
+        table = _padded_rows(d.block_table, batch)
+        table[lens <= 0] = 0
         # The tasks hold these tensors' addresses: keep them until the next update.
-        self._update_args = (slots, table)
+        self._update_args = (table,)
         if tasks.cache_write is not None:
+            slots = _task_slots(meta.slot_mapping[:meta.num_actual_tokens],
+                                tasks.nope_rows.shape[0])
+            self._update_args += (slots,)
             backend.task_update_begin(stream, tasks.cache_write)
-            self._write_rows(tasks.rows, tasks.kv_cache, slots)
+            self._write_rows(tasks.nope_rows, tasks.rope_rows, tasks.kv_cache, slots)
             backend.task_update_end(stream)
         backend.task_update_begin(stream, tasks.attention)
-        self._decode(tasks.query, tasks.kv_cache, table, lens, tasks.output)
+        self._decode(tasks.q_nope, tasks.q_rope, tasks.kv_cache, table, lens, tasks.output)
         backend.task_update_end(stream)
 
-    def _decode_with_lse(self, query: torch.Tensor, cache: torch.Tensor,
-                         d: NPUMLADecodeMetadata):
-        """DCP decode: query [B, W*N, L+R] (all DCP ranks' heads) over this rank's shard
-        (seq_lens are local; 0 where the rank holds none) -> out [B, W*N, L], lse [B, W*N].
-        The split inputs are views of the one latent cache [blocks, bs, L+R]."""
-        b, heads, _ = query.shape
-        q_nope, q_rope = query.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
-        rows = cache.unsqueeze(2)
-        out = query.new_empty(b, heads, self.kv_lora_rank)
-        lse = query.new_empty(b, heads, 1)  # the op writes lse in the query dtype
+    def _decode_with_lse(self, q_nope: torch.Tensor, q_rope: torch.Tensor,
+                         cache: torch.Tensor, d: NPUMLADecodeMetadata):
+        """DCP decode: q_nope [B, W*N, L], q_rope [B, W*N, R] (all DCP ranks' heads) over
+        this rank's shard (seq_lens are local; 0 where the rank holds none) -> out
+        [B, W*N, L], lse [B, W*N]."""
+        b, heads, _ = q_nope.shape
+        nope, rope = latent_planes(cache, self.kv_lora_rank)
+        out = q_nope.new_empty(b, heads, self.kv_lora_rank)
+        lse = q_nope.new_empty(b, heads, 1)  # the op writes lse in the query dtype
         ops.npu_multi_head_latent_attention(
-            q_nope.contiguous(), q_rope.contiguous(), rows[..., :self.kv_lora_rank],
-            rows[..., self.kv_lora_rank:], d.block_table, d.seq_lens.tolist(), heads,
+            q_nope, q_rope, nope, rope, d.block_table, d.seq_lens.tolist(), heads,
             self.scale, 1, calc_type="calc_type_ring", return_lse=True, output=out, lse=lse)
         return out, lse[..., 0].float()

@@ -17,8 +17,6 @@ OP_NAMES = (
     "_npu_fused_infer_attention_score_get_max_workspace",
     "_npu_paged_attention_get_workspace",
     "_npu_reshape_and_cache",
-    "_npu_reshape_and_cache_siso",
-    "_npu_paged_attention_mla",
     "npu_attention_update",
     "npu_multi_head_latent_attention",
     "npu_moe_gating_top_k",

@@ -48,17 +48,3 @@ def _npu_paged_attention_get_workspace(query, key_cache, value_cache, num_kv_hea
 def _npu_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
     torch_npu._npu_reshape_and_cache(key=key, value=value, key_cache=key_cache,
                                      value_cache=value_cache, slot_indices=slot_indices)
-
-
-def _npu_reshape_and_cache_siso(key, key_cache, slot_indices):
-    torch_npu._npu_reshape_and_cache_siso(key=key, key_cache=key_cache,
-                                          slot_indices=slot_indices)
-
-
-def _npu_paged_attention_mla(query, key_cache, num_kv_heads, num_heads, scale_value,
-                             block_table, context_lens, mla_vheadsize, out):
-    torch_npu._npu_paged_attention_mla(query=query, key_cache=key_cache,
-                                       num_kv_heads=num_kv_heads, num_heads=num_heads,
-                                       scale_value=scale_value, block_table=block_table,
-                                       context_lens=context_lens,
-                                       mla_vheadsize=mla_vheadsize, out=out)

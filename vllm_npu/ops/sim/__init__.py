@@ -26,8 +26,6 @@ _npu_fused_infer_attention_score_get_max_workspace = \
     attention._npu_fused_infer_attention_score_get_max_workspace
 _npu_paged_attention_get_workspace = attention._npu_paged_attention_get_workspace
 _npu_reshape_and_cache = graph_op(cache._npu_reshape_and_cache)
-_npu_reshape_and_cache_siso = graph_op(mla._npu_reshape_and_cache_siso)
-_npu_paged_attention_mla = graph_op(mla._npu_paged_attention_mla, host_args=("context_lens",))
 npu_multi_head_latent_attention = graph_op(mla.npu_multi_head_latent_attention,
                                            host_args=("context_lens",))
 npu_attention_update = graph_op(attention_update.npu_attention_update)

@@ -293,7 +293,10 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
             out = fn(*args, **kwargs)  # copies of its host arguments) are not recorded
             entry = _Entry(fn, *frozen(args, kwargs, task is not None), out, task is not None)
         if task is not None:
-            if any(isinstance(t, torch.Tensor) for t in tree_leaves(out)):
+            given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
+                     if isinstance(t, torch.Tensor)}
+            if any(isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given
+                   for t in tree_leaves(out)):
                 raise NPUOpError(
                     f"{fn.__name__} allocates its outputs: inside a graph task group use "
                     "its out variant (a task update re-issues the op, and a non-out variant "

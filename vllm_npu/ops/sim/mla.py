@@ -1,21 +1,19 @@
-"""Simulated ATB ops for MLA's latent KV cache: `_npu_reshape_and_cache_siso` (write),
-`_npu_paged_attention_mla` (decode over the latent cache) and
-`npu_multi_head_latent_attention` (decode with split nope/rope inputs and an lse output,
-for decode context parallelism).
+"""Simulated ATB MLA decode, `npu_multi_head_latent_attention`: split nope/rope inputs,
+optionally an lse output (for decode context parallelism).
 
-One layer's latent cache, as vLLM allocates it for an MLA layer (one "head" per token):
+One layer's latent cache as two planes (the MLA backend's `latent_planes`; the new rows
+are written with `_npu_reshape_and_cache`, K = nope, V = rope):
 
-    key_cache [num_blocks, block_size, 1, L + R]       L = kv_lora_rank, R = qk_rope_head_dim
-                                      |-- kv_c (L) --|-- k_pe (R) --|
-    slot s -> block s // block_size, offset s % block_size
+    ctkv   [num_blocks, block_size, 1, L]      L = kv_lora_rank
+    k_rope [num_blocks, block_size, 1, R]      R = qk_rope_head_dim
+    slot s -> block s // block_size, offset s % block_size, in both
 
-Decode reads the same rows as keys (all L + R features) and as values (the first
-`mla_vheadsize` = L features): with the absorbed query q = [q_nope @ W_UK | q_pe] of
-width L + R, attention over the latent cache returns softmax(q . row) @ row[:L] per head.
-Signatures follow torch_npu's ATB bindings (AtbOpsInterface.h); the limits enforced are
-the documented ones of ATB PagedAttention's "MLA merged input" mode: MQA only (one kv
-head), head size in (0, 576], mla_vheadsize <= head size, block_size <= 128 when the head
-size exceeds 256, 0 < batch <= 8192, float16/bfloat16 (float32: simulation only).
+Decode reads both planes as keys (all L + R features) and the nope plane as values: with
+the absorbed query [q_nope @ W_UK | q_pe], attention returns softmax(q . row) @ ctkv per
+head. Signature after torch_npu's ATB binding (`torch_npu.atb.npu_multi_head_latent_attention`);
+limits after CANN ATB MultiLatentAttentionOperation (ascendtb_01_0195): MQA only (one kv
+head), L + R <= 576, block_size <= 128, float16/bfloat16 (float32: simulation only), and
+every input a dense ND tensor.
 """
 from __future__ import annotations
 
@@ -26,97 +24,8 @@ from vllm_npu.ops.sim.checks import NPUOpError, check_contiguous, check_dim, che
 
 MLA_MAX_HEAD_SIZE = 576
 MLA_MAX_BATCH = 8192
-_WIDE_HEAD_MAX_BLOCK = 128  # head size > 256 needs block_size <= 128
+_WIDE_HEAD_MAX_BLOCK = 128  # ATB MLA: block_size <= 128
 _INT_MAX = 2147483647
-
-
-def _check_slots(op: str, slot_indices: torch.Tensor, n: int, capacity: int) -> torch.Tensor:
-    if slot_indices.dtype != torch.int32 or slot_indices.shape != (n,):
-        raise NPUOpError(f"{op}: slot_indices must be int32 of shape ({n},), got "
-                         f"{slot_indices.dtype} {tuple(slot_indices.shape)}")
-    slots = slot_indices.long()
-    if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= capacity):
-        raise NPUOpError(f"{op}: slot indices must lie in [0, {capacity}), got "
-                         f"[{int(slots.min())}, {int(slots.max())}]")
-    return slots
-
-
-def _npu_reshape_and_cache_siso(key: torch.Tensor, key_cache: torch.Tensor,
-                                slot_indices: torch.Tensor) -> None:
-    """Single-input cache write: key [T, Hkv, D] -> key_cache [num_blocks, bs, Hkv, D]."""
-    op = "_npu_reshape_and_cache_siso"
-    check_dtype(op, "key", key)
-    check_dtype(op, "key_cache", key_cache)
-    check_dim(op, "key", key, 3)
-    check_dim(op, "key_cache", key_cache, 4)
-    check_contiguous(op, key_cache=key_cache)
-    if key.dtype != key_cache.dtype:
-        raise NPUOpError(f"{op}: key dtype {key.dtype} must match the cache dtype "
-                         f"{key_cache.dtype}")
-    if key.shape[1:] != key_cache.shape[2:]:
-        raise NPUOpError(f"{op}: key {tuple(key.shape)} does not fit cache "
-                         f"{tuple(key_cache.shape)}")
-    capacity = key_cache.shape[0] * key_cache.shape[1]
-    slots = _check_slots(op, slot_indices, key.shape[0], capacity)
-    key_cache.view(capacity, *key_cache.shape[2:])[slots] = key
-
-
-def _npu_paged_attention_mla(query: torch.Tensor, key_cache: torch.Tensor, num_kv_heads: int,
-                             num_heads: int, scale_value: float, block_table: torch.Tensor,
-                             context_lens: torch.Tensor, mla_vheadsize: int,
-                             out: torch.Tensor) -> None:
-    """Decode attention over the latent cache, written into `out` [B, N, mla_vheadsize].
-
-    query [B, N, D] (one token per request), key_cache [num_blocks, bs, 1, D];
-    context_lens: host int32 [B], the kv length of each request (new token included).
-    """
-    op = "_npu_paged_attention_mla"
-    for name, t in (("query", query), ("key_cache", key_cache), ("out", out)):
-        check_dtype(op, name, t)
-    if not (query.dtype == key_cache.dtype == out.dtype):
-        raise NPUOpError(f"{op}: query/key_cache/out dtypes differ: {query.dtype}, "
-                         f"{key_cache.dtype}, {out.dtype}")
-    check_dim(op, "query", query, 3)
-    check_dim(op, "key_cache", key_cache, 4)
-    check_contiguous(op, query=query, key_cache=key_cache, out=out)
-    B, N, D = query.shape
-    if num_kv_heads != 1:
-        raise NPUOpError(f"{op}: the MLA merged-input mode is MQA only "
-                         f"(num_kv_heads=1), got num_kv_heads={num_kv_heads}")
-    if N != num_heads or key_cache.shape[2:] != (num_kv_heads, D):
-        raise NPUOpError(f"{op}: query {tuple(query.shape)} and key_cache "
-                         f"{tuple(key_cache.shape)} do not match num_heads={num_heads}, "
-                         f"num_kv_heads={num_kv_heads}")
-    if not 0 < D <= MLA_MAX_HEAD_SIZE:
-        raise NPUOpError(f"{op}: head size {D} out of range (0, {MLA_MAX_HEAD_SIZE}]")
-    if not 0 < mla_vheadsize <= D:
-        raise NPUOpError(f"{op}: mla_vheadsize={mla_vheadsize} must lie in (0, {D}]")
-    block_size = key_cache.shape[1]
-    if D > 256 and block_size > _WIDE_HEAD_MAX_BLOCK:
-        raise NPUOpError(f"{op}: head size {D} > 256 needs block_size <= "
-                         f"{_WIDE_HEAD_MAX_BLOCK}, got {block_size}")
-    if not 0 < B <= MLA_MAX_BATCH:
-        raise NPUOpError(f"{op}: batch {B} out of range (0, {MLA_MAX_BATCH}]")
-    if block_table.dtype != torch.int32 or block_table.dim() != 2 \
-            or block_table.shape[0] != B:
-        raise NPUOpError(f"{op}: block_table must be int32 [B={B}, max_blocks], got "
-                         f"{block_table.dtype} {tuple(block_table.shape)}")
-    if context_lens.dtype != torch.int32 or context_lens.device.type != "cpu" \
-            or context_lens.shape != (B,):
-        raise NPUOpError(f"{op}: context_lens must be a host int32 tensor of shape ({B},)")
-    if out.shape != (B, N, mla_vheadsize):
-        raise NPUOpError(f"{op}: out must be [{B}, {N}, {mla_vheadsize}], got "
-                         f"{tuple(out.shape)}")
-    lens = context_lens.long()
-    if int(lens.min()) <= 0 or int(lens.max()) > block_table.shape[1] * block_size:
-        raise NPUOpError(f"{op}: context lengths must lie in [1, "
-                         f"{block_table.shape[1] * block_size}], got {lens.tolist()}")
-    rows = gather_paged(key_cache.view(key_cache.shape[0], block_size, D), block_table, 1,
-                        int(lens.max()))                            # [B, K, 1, D]
-    ones = torch.ones(B, dtype=torch.long)
-    o, _ = attend_padded(query.unsqueeze(1), rows, rows[..., :mla_vheadsize], ones, lens,
-                         float(scale_value), True, _INT_MAX, 0)
-    out.copy_(o[:, 0])
 
 
 _MLA_CALC_TYPES = (None, "calc_type_undefined", "calc_type_ring")
@@ -132,8 +41,9 @@ def npu_multi_head_latent_attention(q_nope: torch.Tensor, q_rope: torch.Tensor,
     """ATB MLA decode with split inputs ("krope_ctkv"), one query token per request.
 
     q_nope [B, N, L], q_rope [B, N, R]; ctkv [num_blocks, bs, 1, L], k_rope
-    [num_blocks, bs, 1, R] (rows may be strided views of one latent cache: only the
-    feature axis must be dense); context_lens: host ints [B], each request's kv length,
+    [num_blocks, bs, 1, R], all contiguous (ATB takes dense ND tensors; torch_npu would
+    copy a strided view whole, e.g. the nope half of a merged [.., L+R] cache, on every
+    call); context_lens: host ints [B], each request's kv length,
     0 allowed (a context-parallel rank holding none of the request: output 0, lse -inf).
     scores = (q_nope . ctkv + q_rope . k_rope) * qk_scale; output = softmax @ ctkv
     [B, N, L]. With calc_type "calc_type_ring" and return_lse, also lse [B, N, 1] in the
@@ -152,11 +62,9 @@ def npu_multi_head_latent_attention(q_nope: torch.Tensor, q_rope: torch.Tensor,
         check_dtype(op, name, t)
         if t.dtype != q_nope.dtype:
             raise NPUOpError(f"{op}: {name} dtype {t.dtype} != q_nope dtype {q_nope.dtype}")
-        if t.stride(-1) != 1:
-            raise NPUOpError(f"{op}: {name} must be dense along its last axis")
     check_dim(op, "q_nope", q_nope, 3)
     check_dim(op, "ctkv", ctkv, 4)
-    check_contiguous(op, q_nope=q_nope, q_rope=q_rope)
+    check_contiguous(op, q_nope=q_nope, q_rope=q_rope, ctkv=ctkv, k_rope=k_rope)
     B, N, L = q_nope.shape
     R = q_rope.shape[-1]
     nb, bs = ctkv.shape[:2]
@@ -172,6 +80,8 @@ def npu_multi_head_latent_attention(q_nope: torch.Tensor, q_rope: torch.Tensor,
     if L + R > MLA_MAX_HEAD_SIZE or bs > _WIDE_HEAD_MAX_BLOCK:
         raise NPUOpError(f"{op}: L+R={L + R} (max {MLA_MAX_HEAD_SIZE}), block_size={bs} "
                          f"(max {_WIDE_HEAD_MAX_BLOCK})")
+    if B > MLA_MAX_BATCH:
+        raise NPUOpError(f"{op}: batch {B} exceeds {MLA_MAX_BATCH}")
     if block_tables.dtype != torch.int32 or block_tables.dim() != 2 \
             or block_tables.shape[0] != B:
         raise NPUOpError(f"{op}: block_tables must be int32 [B={B}, max_blocks], got "
