@@ -10,5 +10,7 @@ def spawn_workers(monkeypatch):
     captured MoE graphs, a forked worker's first gc.collect() finalised a gloo process
     group inherited from the parent and hung joining threads the child does not have
     (DeviceMemoryProfiler in load_model). A served engine starts from a fresh process and
-    never meets this. Use with `pytestmark = pytest.mark.usefixtures("spawn_workers")`."""
+    never meets this. Use with `pytestmark = pytest.mark.usefixtures("spawn_workers")` in
+    every module that starts TP/DP workers after in-process MoE engines may have run
+    (test_bf16_parity runs MoE models in-process, before test_context_parallel)."""
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
