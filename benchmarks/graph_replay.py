@@ -33,10 +33,8 @@ def main() -> None:
     import torch
     from vllm import LLM
     from vllm.config import CUDAGraphMode
-    from vllm.forward_context import get_forward_context
 
     from vllm_npu.compilation.acl_graph import ACLGraphWrapper
-    from vllm_npu.compilation.graph_params import update_attention_tasks
     from vllm_npu.ops.sim.graph import SimGraph
     from vllm_npu.testing.tiny_model import build_tiny_model
 
@@ -48,18 +46,9 @@ def main() -> None:
               compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY",
                                   "cudagraph_capture_sizes": batches})
     runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
-    layers = runner.compilation_config.static_forward_context
 
-    # Every FULL step refreshes the attention tasks before replaying, as execute_model does.
+    # Every FULL replay refreshes the attention tasks first (ACLGraphWrapper.before_replay).
     graph_model = runner.model
-
-    def step_with_updates(*a, **kw):
-        ctx = get_forward_context()
-        if ctx.cudagraph_runtime_mode == CUDAGraphMode.FULL and graph_model.has_graph(
-                ctx.batch_descriptor):
-            graph_model.replay_event = update_attention_tasks(ctx, layers)
-        return graph_model(*a, **kw)
-
     print("| batch | eager ms/step | replay ms/step | eager host ops | replay host ops |")
     print("|---:|---:|---:|---:|---:|")
     with torch.inference_mode():
@@ -68,9 +57,7 @@ def main() -> None:
                 return runner._dummy_run(b, cudagraph_runtime_mode=mode, uniform_decode=True,
                                          force_attention=True, skip_eplb=True)
 
-            runner.model = graph_model
             eager = median_ms(lambda: run(CUDAGraphMode.NONE), args.iters)
-            runner.model = step_with_updates
             entry = next(e for d, e in graph_model.entries.items() if d.num_tokens == b)
             simulated = isinstance(entry.graph, SimGraph)
             replays0 = ACLGraphWrapper.stats.replays
@@ -85,7 +72,6 @@ def main() -> None:
             else:
                 eager_ops = replay_ops = "-"
             print(f"| {b} | {eager:.2f} | {replay:.2f} | {eager_ops} | {replay_ops} |")
-    runner.model = graph_model
 
 
 if __name__ == "__main__":

@@ -70,3 +70,32 @@ def test_capture_failure_names_the_batch_and_a_hint():
 def test_needs_a_graph_mode():
     with pytest.raises(ValueError, match="FULL or PIECEWISE"):
         ACLGraphWrapper(_Model(), VllmConfig(), CUDAGraphMode.NONE)
+
+
+@torch.inference_mode()
+def test_every_replay_runs_the_task_refresh_first_and_waits_on_its_event():
+    """The runner's refresh runs before each replay, whoever calls the model (vLLM's
+    _dummy_run on an idle DP rank calls it directly), never at capture; the replay
+    waits on the event the refresh returns (waiting on an unrecorded one fails)."""
+    from vllm_npu.ops.sim.graph import ExternalEvent
+
+    model, x = _Model(), torch.randn(8, 4)
+    wrapper = ACLGraphWrapper(model, VllmConfig(), CUDAGraphMode.FULL)
+    desc = BatchDescriptor(num_tokens=8, uniform=True)
+    seen = []
+
+    def refresh(ctx):
+        seen.append(ctx.batch_descriptor)
+        event = ExternalEvent()
+        event.record()
+        return event
+
+    wrapper.before_replay = refresh
+    _run(wrapper, x, CUDAGraphMode.FULL, desc)  # capture: no refresh
+    assert seen == []
+    _run(wrapper, x, CUDAGraphMode.FULL, desc)
+    _run(wrapper, x, CUDAGraphMode.FULL, desc)
+    assert seen == [desc, desc]
+    wrapper.before_replay = lambda ctx: ExternalEvent()  # never recorded
+    with pytest.raises(RuntimeError, match="never recorded"):
+        _run(wrapper, x, CUDAGraphMode.FULL, desc)

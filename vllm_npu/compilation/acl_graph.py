@@ -59,7 +59,10 @@ class ACLGraphWrapper:
         if ACLGraphWrapper._pool is None:
             ACLGraphWrapper._pool = self.backend.graph_pool_handle()
         self.entries: dict[BatchDescriptor, _Entry] = {}
-        self.replay_event = None  # set by the runner after task updates (FULL mode)
+        # FULL mode: the runner's task refresh, run before every replay (real and dummy
+        # batches alike: a DP rank's dummy step replays too); returns the event the
+        # replay waits on.
+        self.before_replay: Callable[[Any], Any] | None = None
 
     def __getattr__(self, key: str) -> Any:
         runnable = self.__dict__.get("runnable")
@@ -87,9 +90,9 @@ class ACLGraphWrapper:
         entry = self.entries.get(desc)
         if entry is None:
             return self._capture(desc, args, kwargs)
-        if self.replay_event is not None:
-            self.replay_event.wait(self.backend.current_stream())
-            self.replay_event = None
+        event = self.before_replay(ctx) if self.before_replay is not None else None
+        if event is not None:
+            event.wait(self.backend.current_stream())
         entry.graph.replay()
         ACLGraphWrapper.stats.replays += 1
         return entry.output

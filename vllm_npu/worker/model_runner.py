@@ -23,7 +23,6 @@ import torch
 from vllm.compilation.cuda_graph import CUDAGraphWrapper
 from vllm.compilation.monitor import set_cudagraph_capturing_enabled
 from vllm.config import CUDAGraphMode
-from vllm.forward_context import get_forward_context
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.workspace import lock_workspace
 
@@ -59,6 +58,11 @@ class NPUModelRunner(GPUModelRunner):
         if isinstance(self.model, CUDAGraphWrapper):
             self.model = ACLGraphWrapper(self.model.runnable, self.vllm_config,
                                          runtime_mode=CUDAGraphMode.FULL)
+            layers = self.compilation_config.static_forward_context
+            # Every FULL replay refreshes the attention tasks first, including the dummy
+            # batches vLLM's _dummy_run replays on idle DP ranks (it calls the model
+            # directly, not through _model_forward).
+            self.model.before_replay = lambda ctx: update_attention_tasks(ctx, layers)
 
     def capture_model(self) -> int:
         """Capture one ACL graph per BatchDescriptor vLLM's dispatcher asks for (largest
@@ -97,9 +101,9 @@ class NPUModelRunner(GPUModelRunner):
         if world > 1:
             return self._pcp_forward(world, input_ids, positions, inputs_embeds,
                                      **model_kwargs)
-        return self._forward(input_ids=input_ids, positions=positions,
-                             intermediate_tensors=intermediate_tensors,
-                             inputs_embeds=inputs_embeds, **model_kwargs)
+        return super()._model_forward(input_ids=input_ids, positions=positions,
+                                      intermediate_tensors=intermediate_tensors,
+                                      inputs_embeds=inputs_embeds, **model_kwargs)
 
     def _pcp_forward(self, world: int, input_ids, positions, inputs_embeds, **model_kwargs):
         """This rank's chunk of the tokens through the model, then every rank's hidden
@@ -115,22 +119,13 @@ class NPUModelRunner(GPUModelRunner):
             return None if x is None else pcp.pad_rows(x.narrow(dim, lo, hi - lo), chunk, dim)
 
         with pcp.slice_active():
-            hidden = self._forward(input_ids=rows(input_ids), positions=rows(positions, -1),
-                                   intermediate_tensors=None, inputs_embeds=rows(inputs_embeds),
-                                   **model_kwargs)
+            hidden = super()._model_forward(
+                input_ids=rows(input_ids), positions=rows(positions, -1),
+                intermediate_tensors=None, inputs_embeds=rows(inputs_embeds), **model_kwargs)
         if not isinstance(hidden, torch.Tensor):
             raise NotImplementedError("prefill context parallelism: models returning "
                                       f"{type(hidden).__name__} (auxiliary hidden states)")
         return group.all_gather(hidden, dim=0)[:num_tokens]
-
-    def _forward(self, *args: Any, **kwargs: Any) -> Any:
-        ctx = get_forward_context()
-        if (ctx.cudagraph_runtime_mode == CUDAGraphMode.FULL
-                and isinstance(self.model, ACLGraphWrapper)
-                and self.model.has_graph(ctx.batch_descriptor)):
-            layers = self.compilation_config.static_forward_context
-            self.model.replay_event = update_attention_tasks(ctx, layers)
-        return super()._model_forward(*args, **kwargs)
 
     def _zero_block_ids(self, block_ids: list[int]) -> None:
         """Zero whole KV blocks (needed by Mamba / mixed-precision KV layouts)."""
