@@ -286,8 +286,7 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
             lens = torch.full_like(meta.seq_lens, longest)
             return ops._npu_paged_attention_get_workspace(
                 **self._paged_args(q, kv_cache, meta, out, seq_lens=lens))
-        args, kwargs = self._fia_args(q, kv_cache, meta)
-        return ops._npu_fused_infer_attention_score_get_max_workspace(*args, **kwargs)
+        return _max_workspace(self._fia_args(q, kv_cache, meta))
 
     def _attend_dcp(self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     kv_cache: torch.Tensor, meta: NPUAttentionMetadata, out: torch.Tensor,

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from vllm_npu.ops.sim.checks import NPUOpError
 
@@ -69,35 +69,24 @@ class _DeviceRef:
 
 
 def _weaken(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return _DeviceRef(value)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_weaken(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _weaken(v) for k, v in value.items()}
-    return value
+    """`value` with every tensor replaced by its address (_DeviceRef)."""
+    return tree_map(lambda v: _DeviceRef(v) if isinstance(v, torch.Tensor) else v, value)
 
 
 def _resolve(value: Any, op: str) -> Any:
-    if isinstance(value, _DeviceRef):
-        return value.get(op)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_resolve(v, op) for v in value)
-    if isinstance(value, dict):
-        return {k: _resolve(v, op) for k, v in value.items()}
-    return value
+    return tree_map(lambda v: v.get(op) if isinstance(v, _DeviceRef) else v, value)
 
 
 def _layout(value: Any) -> Any:
     """What a task's launch configuration depends on: tensor shapes and dtypes, the
     lengths of host lists (not their values, which an update may change)."""
-    if isinstance(value, (torch.Tensor, _DeviceRef)):
-        return tuple(value.shape), value.dtype
-    if isinstance(value, (list, tuple)):
-        return tuple(_layout(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _layout(v) for k, v in value.items()}
-    return None
+    return tree_map(lambda v: (tuple(v.shape), v.dtype)
+                    if isinstance(v, (torch.Tensor, _DeviceRef)) else None, value)
+
+
+def _snapshot(value: Any) -> Any:
+    """A host argument as a task holds it: its own copy."""
+    return tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, value)
 
 
 @dataclass
@@ -204,14 +193,6 @@ class SimGraph:
         self.entries, self.tasks = [], []
 
 
-def _snapshot(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (list, tuple)):
-        return type(value)(_snapshot(v) for v in value)
-    return value
-
-
 def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...] = (),
              workspace: bool = False) -> Callable[..., Any]:
     """Make a simulated op graph-aware: recorded as one entry under capture (a task's
@@ -246,19 +227,18 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
         tensors held by address (_DeviceRef)."""
         if not host_args and not task:
             return args, kwargs
+
+        def freeze(name: str, value: Any) -> Any:
+            return _snapshot(value) if name in host_args else _weaken(value) if task \
+                else value
+
         bound = signature.bind_partial(*args, **kwargs)
         for name, value in list(bound.arguments.items()):
-            if name == extra:
-                bound.arguments[name] = {k: _snapshot(v) if k in host_args else
-                                         _weaken(v) if task else v for k, v in value.items()}
-            elif name in host_args:
-                bound.arguments[name] = _snapshot(value)
-            elif task:
-                bound.arguments[name] = _weaken(value)
+            bound.arguments[name] = ({k: freeze(k, v) for k, v in value.items()}
+                                     if name == extra else freeze(name, value))
         return bound.args, bound.kwargs
 
-    def check_task_call(args: tuple, kwargs: dict) -> None:
-        named = bind(args, kwargs)
+    def check_task_call(named: dict) -> None:
         op = fn.__name__
         if workspace and named.get("workspace") is None:
             raise NPUOpError(f"{op} in a graph task needs a workspace (the op would allocate "
@@ -277,9 +257,10 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         if _state.pending is not None and current_stream() is _state.update_stream:
-            check_task_call(args, kwargs)
+            named = bind(args, kwargs)
+            check_task_call(named)
             # becomes the task's call once graph_task_update_end has checked it
-            _state.pending.append((fn, *frozen(args, kwargs, True), bind(args, kwargs)))
+            _state.pending.append((fn, *frozen(args, kwargs, True), _layout(named)))
             return None
         # (inside an update window but on another stream, a device runs the op now, with
         # these arguments, and the update receives nothing: modelled the same way)
@@ -287,8 +268,9 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
         if graph is None:
             return fn(*args, **kwargs)
         task = _state.open_task
+        named = bind(args, kwargs) if task is not None else None
         if task is not None:
-            check_task_call(args, kwargs)
+            check_task_call(named)
         with _disable_current_modes():  # the op is one task: its internals (and the
             out = fn(*args, **kwargs)  # copies of its host arguments) are not recorded
             entry = _Entry(fn, *frozen(args, kwargs, task is not None), out, task is not None)
@@ -302,7 +284,7 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
                     "its out variant (a task update re-issues the op, and a non-out variant "
                     "would write to fresh buffers the graph never reads)")
             task.entries.append(entry)
-            task.layouts.append(_layout(bind(args, kwargs)))
+            task.layouts.append(_layout(named))
         graph.entries.append(entry)
         return out
 
@@ -354,11 +336,10 @@ def graph_task_update_end(stream: Any = None) -> None:
                          "update stream (torch.npu.stream(update_stream)): captured "
                          f"{[e.fn.__name__ for e in handle.entries]}, got "
                          f"{[fn.__name__ for fn, *_ in calls]} on that stream")
-    for (fn, _, _, named), captured in zip(calls, handle.layouts):
+    for (fn, _, _, layouts), captured in zip(calls, handle.layouts):
         # An updated task keeps its captured launch configuration (tiling, block dim):
         # vllm-ascend pads every updated argument to the captured batch (seq lens padded
         # with zeros to the graph size, mla_v1.py) instead of slicing the buffers.
-        layouts = _layout(named)
         for name in sorted(set(layouts) | set(captured)):
             layout = layouts.get(name)
             if layout != captured.get(name):
