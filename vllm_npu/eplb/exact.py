@@ -43,9 +43,12 @@ def is_small(num_experts: int, num_ranks: int, slots_per_rank: int) -> bool:
 
 
 def solve_layer(load: np.ndarray, num_ranks: int, slots_per_rank: int,
-                time_limit_s: float = TIME_LIMIT_S) -> np.ndarray | None:
+                time_limit_s: float = TIME_LIMIT_S,
+                incumbent_ok: bool = False) -> np.ndarray | None:
     """The optimal ``[D, S]`` table of expert ids for one layer's ``load`` ``[E]``, or
-    None when the program is too large, infeasible or not solved to optimality in time."""
+    None when the program is too large, infeasible or not solved to optimality in time.
+    ``incumbent_ok``: on a time-out, return the best table found so far instead (not
+    proven optimal; a caller compares it with its own plan)."""
     load = np.asarray(load, dtype=np.float64)
     e_count, d_count, s_count = load.shape[0], num_ranks, slots_per_rank
     k_count = replica_choices(e_count, d_count, s_count)
@@ -100,7 +103,8 @@ def solve_layer(load: np.ndarray, num_ranks: int, slots_per_rank: int,
     result = milp(cost, constraints=LinearConstraint(matrix, lo, hi),
                   integrality=integrality, bounds=Bounds(lower, upper),
                   options={"time_limit": time_limit_s})
-    if result.status != 0 or result.x is None:  # 0: optimal; 1: time limit; 2: infeasible
+    # 0: optimal; 1: time limit (x is the incumbent, if any); 2: infeasible
+    if result.x is None or result.status not in ((0, 1) if incumbent_ok else (0,)):
         return None
     chosen = np.rint(result.x[:n_z]).reshape(e_count, k_count, d_count) > 0.5
     table = np.empty((d_count, s_count), np.int64)

@@ -41,6 +41,7 @@ _REGISTRY: dict[str, str] = {
     "swift": "vllm_npu.eplb.policies.swift:SwiftPolicy",
     "flashlb": "vllm_npu.eplb.policies.flashlb:FlashLBPolicy",
     "budget": "vllm_npu.eplb.policies.budget:BudgetPolicy",
+    "lookahead": "vllm_npu.eplb.policies.lookahead:LookaheadPolicy",
 }
 
 

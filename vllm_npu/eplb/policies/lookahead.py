@@ -1,0 +1,146 @@
+"""``lookahead``: plan for the window that will be served, not only the one that was seen.
+
+Per layer, from the ``T`` sub-windows of history:
+
+1. **Forecast** the next window in log space: the history mean pulled towards the recent
+   sub-windows (``beta``: 0 is the mean, 1 the last ``recent`` sub-windows), scaled to the
+   seen total. Popularity walks (drift), so the recent past predicts better than the
+   mean; it is also noisier, hence the shrinkage.
+2. **Replica counts** water-filled on a blend of the seen load and the forecast.
+3. **Pack** (LPT + swap descent), then :func:`~vllm_npu.eplb.scenario.scenario_descent`
+   on the scenarios ``[seen, forecast, last sub-windows x T]``: the seen window is held
+   within ``cap`` x its lower bound (IN), the rest of the freedom lowers the peaks of the
+   guesses (OUT).
+   A layer still above ``1 + pigeonhole_tol`` x its lower bound on the seen window
+   (heavy heads: more big replicas than ranks force pairs) is re-planned with replica
+   counts from :func:`~vllm_npu.eplb.bound.pigeonhole_counts`, kept if better.
+4. **Exact** on layers small enough for the MILP (:mod:`vllm_npu.eplb.exact`): its best
+   table within ``exact_time_s`` replaces the heuristic one when better on the seen
+   window. Proving the DeepSeek EPLB README example's layer 0 optimal takes ~6 s on
+   one core; raise ``exact_time_s`` to spend that.
+5. With an old plan: keep it when it is no worse than the new one (within ``keep_tol``),
+   else align the new one to it (Hungarian), so kept experts stay in place.
+
+Defaults were chosen on :data:`vllm_npu.eplb.families.TUNING_SEEDS` only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vllm_npu.eplb import exact
+from vllm_npu.eplb.align import align_layer
+from vllm_npu.eplb.bound import pigeonhole_counts
+from vllm_npu.eplb.layers import MAX_SWAPS, as_tables, layer_lower_bound, layer_peak
+from vllm_npu.eplb.packing import packed_layer, water_fill
+from vllm_npu.eplb.policy import Policy
+from vllm_npu.eplb.scenario import scenario_descent
+from vllm_npu.eplb.validate import Problem
+
+
+def forecast(windows: np.ndarray, beta: float, recent: int) -> np.ndarray:
+    """Next-window load ``[E]`` from sub-windows ``[T, E]``, scaled to their total."""
+    total = float(windows.sum())
+    if total <= 0.0 or windows.shape[0] == 1:
+        return windows.sum(axis=0)
+    x = windows + 1.0  # one pseudo-pick keeps unused experts finite in log space
+    log_mean = np.log(x.mean(axis=0))
+    log_recent = np.log(x[-recent:].mean(axis=0))
+    f = np.exp(log_mean + beta * (log_recent - log_mean))
+    return f * (total / f.sum())
+
+
+class LookaheadPolicy(Policy):
+    name = "lookahead"
+
+    def __init__(self, beta: float = 0.5, recent: int = 2, scenarios: int = 4,
+                 count_mix: float = 0.5, cap: float = 1.003, penalty: float = 100.0,
+                 keep_tol: float = 0.002, pigeonhole_tol: float = 0.01,
+                 min_gain: float = 1e-7, swaps_per_rank: float = 8.0,
+                 exact_time_s: float = 0.3) -> None:
+        self.beta = beta            # 0: history mean, 1: recent sub-windows only
+        self.recent = recent        # sub-windows averaged as "recent"
+        self.scenarios = scenarios  # last sub-windows kept as scenarios
+        self.count_mix = count_mix  # replica counts from (1 - mix) * seen + mix * forecast
+        self.cap = cap              # seen window held within cap x its lower bound
+        self.penalty = penalty      # weight of exceeding cap
+        self.keep_tol = keep_tol    # old plan kept when its score is within this of the new
+        self.pigeonhole_tol = pigeonhole_tol  # seen IN above 1 + this: try pigeonhole counts
+        self.min_gain = min_gain    # a descent swap must lower the objective this much (rel.)
+        self.swaps_per_rank = swaps_per_rank  # descent budget: swaps per layer / D
+        self.exact_time_s = exact_time_s      # MILP budget per small layer
+
+    def solve(self, problem: Problem) -> np.ndarray:
+        d, s = problem.num_ranks, problem.slots_per_rank
+        old = None if problem.old is None else as_tables(problem.old, d, s)
+        out = np.empty((problem.num_layers, d * s), np.int64)
+        small = exact.is_small(problem.num_experts, d, s)
+        for layer in range(problem.num_layers):
+            seen = np.ascontiguousarray(problem.load[layer])
+            windows = problem.windows[:, layer]
+            table = self._plan(seen, windows, d, s)
+            if small:
+                best = exact.solve_layer(seen, d, s, time_limit_s=self.exact_time_s,
+                                         incumbent_ok=True)
+                if best is not None and layer_peak(seen, best) < layer_peak(seen, table):
+                    table = best
+            if old is not None:
+                table = self._against_old(table, old[layer], seen, windows, d, s)
+            out[layer] = table.ravel()
+        return out
+
+    def _scenarios(self, seen: np.ndarray, windows: np.ndarray) -> np.ndarray:
+        t = windows.shape[0]
+        rows = [seen, forecast(windows, self.beta, self.recent)]
+        if t > 1 and self.scenarios > 0:
+            rows.extend(windows[-self.scenarios:] * t)
+        return np.stack(rows)
+
+    def _weights(self, z: np.ndarray, d: int, s: int) -> np.ndarray:
+        lbs = np.array([layer_lower_bound(row, d, s) for row in z])
+        return 1.0 / np.maximum(lbs, 1e-12)
+
+    def _score(self, table: np.ndarray, z: np.ndarray, wk: np.ndarray) -> tuple[float, float]:
+        """(seen peak / LB, mean guess peak / LB) of a table."""
+        peaks = np.array([layer_peak(row, table) for row in z]) * wk
+        return float(peaks[0]), float(peaks[1:].mean()) if len(peaks) > 1 else float(peaks[0])
+
+    def _plan(self, seen: np.ndarray, windows: np.ndarray, d: int, s: int) -> np.ndarray:
+        z = self._scenarios(seen, windows)
+        blend = (1.0 - self.count_mix) * z[0] + self.count_mix * z[1]
+        cnt = water_fill(blend, d * s, d)
+        table = packed_layer(blend, cnt, d, s, MAX_SWAPS)
+        if seen.sum() <= 0.0 or z.shape[0] == 1:
+            return table
+        wk = self._weights(z, d, s)
+        scenario_descent(table, z / cnt, wk, self.cap, self.penalty,
+                         int(self.swaps_per_rank * d), self.min_gain)
+        peak = layer_peak(seen, table)
+        if peak * wk[0] > 1.0 + self.pigeonhole_tol:
+            # Heavy heads: water-filled counts leave more than j*D replicas above
+            # peak/(j+1) and force pairs; counts from the pigeonhole program avoid that.
+            best = self._objective(table, z, wk)
+            for cnt2 in pigeonhole_counts(seen, d, s, upper=peak):
+                alt = packed_layer(seen, cnt2, d, s, MAX_SWAPS)
+                scenario_descent(alt, z / cnt2, wk, self.cap, self.penalty,
+                                 int(self.swaps_per_rank * d), self.min_gain)
+                score = self._objective(alt, z, wk)
+                if score < best:
+                    table, best = alt, score
+        return table
+
+    def _objective(self, table: np.ndarray, z: np.ndarray, wk: np.ndarray) -> float:
+        """The descent's objective (see :mod:`vllm_npu.eplb.scenario`) for a whole table."""
+        inn, out = self._score(table, z, wk)
+        return self.penalty * max(0.0, inn - self.cap) + out * (z.shape[0] - 1)
+
+    def _against_old(self, table: np.ndarray, old: np.ndarray, seen: np.ndarray,
+                     windows: np.ndarray, d: int, s: int) -> np.ndarray:
+        z = self._scenarios(seen, windows)
+        wk = self._weights(z, d, s)
+        new_in, new_out = self._score(table, z, wk)
+        old_in, old_out = self._score(old, z, wk)
+        if old_in <= max(new_in, self.cap) + self.keep_tol and \
+                old_out <= new_out * (1.0 + self.keep_tol):
+            return old.copy()
+        return align_layer(table, old, seen.shape[0])
