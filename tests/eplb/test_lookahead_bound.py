@@ -102,3 +102,18 @@ def test_lookahead_serves_the_next_window_better_than_flashlb() -> None:
 def test_readme_example_exact_with_the_time_to_prove_it() -> None:
     plan = LookaheadPolicy(exact_time_s=30).rebalance(README, 8, 2)
     assert rank_loads(README, plan, 8).max(axis=1).tolist() == [136.0, 172.0]
+
+
+def test_family_benchmark_writes_its_table(tmp_path) -> None:
+    from vllm_npu.eplb.bench_families import main
+
+    out = tmp_path / "families.md"
+    assert main(["--families", "lognormal", "--ranks", "16", "--layers", "2", "--windows",
+                 "2", "--seeds", "tuning", "--policies", "flashlb", "lookahead",
+                 "--out", str(out)]) == 0
+    rows = [line.split("|")[1:-1] for line in out.read_text().splitlines()
+            if line.startswith("| lognormal")]
+    assert [r[3].strip() for r in rows] == ["flashlb", "lookahead"]
+    for r in rows:
+        inn, inn_star = float(r[4]), float(r[5])
+        assert 1.0 <= inn_star <= inn + 1e-9   # the MILP bound is at least the simple one

@@ -125,7 +125,8 @@ def table(rows: list[dict], args: argparse.Namespace, wall: float) -> str:
         "# EPLB policies on drifting workload families",
         "",
         f"Command: `python -m vllm_npu.eplb.bench_families --seeds {args.seeds}"
-        f"{' --vllm-ascend' if args.vllm_ascend else ''}` (L={args.layers}, E=256, "
+        f"{' --vllm-ascend' if args.vllm_ascend else ''} --ranks "
+        f"{' '.join(map(str, args.ranks))} --layers {args.layers}` (E=256, "
         f"{args.windows} rebalances, 8 sub-windows of history each, r={args.redundant}; "
         f"wall {wall:.0f} s). Seeds: {args.seeds}.",
         "",
