@@ -19,6 +19,8 @@ RUNS = {
     "eplb_runtime.py": ["--world", "2", "--experts", "8", "--redundant", "2", "--top-k", "2",
                         "--layers", "2", "--hidden", "64", "--window", "4", "--repeats", "2",
                         "--eval-seeds", "100"],
+    "eplb_families.py": ["--families", "bursty", "--ranks", "16", "--layers", "2",
+                         "--windows", "2", "--seeds", "tuning"],
 }
 
 

@@ -11,7 +11,6 @@ from vllm_npu.eplb.families import (FAMILIES, REPORT_SEEDS, TUNING_SEEDS, Family
                                     generate_family)
 from vllm_npu.eplb.layers import full_solve, layer_lower_bound, layer_peak
 from vllm_npu.eplb.metrics import imbalance, rank_loads
-from vllm_npu.eplb.packing import water_fill
 from vllm_npu.eplb.policies.lookahead import LookaheadPolicy
 from vllm_npu.eplb.policy import get_policy
 
@@ -75,7 +74,6 @@ def test_pigeonhole_counts_fix_a_heavy_head() -> None:
                               for c in candidates)
     plan = get_policy("lookahead").rebalance(data[0][:, 1:2], 64, 5)
     assert imbalance(load[None], plan, 64, 5)[0] < 1.03
-    assert water_fill(load, 320, 64).sum() == 320
 
 
 def test_lookahead_serves_the_next_window_better_than_flashlb() -> None:

@@ -84,7 +84,9 @@ def run(args: argparse.Namespace) -> tuple[list[dict], float]:
                                    num_windows=args.windows, seed=seed)
                 data = generate_family(cfg)
                 totals = data.sum(axis=1)
-                bounds = None
+                bounds = None if args.no_bound else np.array(
+                    [[milp_bound(totals[v, layer], d, s) for layer in range(args.layers)]
+                     for v in range(args.windows)])
                 for name in names:
                     pol = _make(name, d, source)
                     prev = None
@@ -96,11 +98,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], float]:
                         times.append(time.perf_counter() - t0)
                         ins.append(float(imbalance(totals[w], plan, d, s).mean()))
                         outs.append(float(imbalance(totals[w + 1], plan, d, s).mean()))
-                        if not args.no_bound:
-                            if bounds is None:
-                                bounds = np.array([[milp_bound(totals[v, layer], d, s)
-                                                    for layer in range(args.layers)]
-                                                   for v in range(args.windows)])
+                        if bounds is not None:
                             peak = rank_loads(totals[w], plan, d).max(axis=1)
                             ins_star.append(float((peak / np.maximum(bounds[w], 1e-12)).mean()))
                         if prev is not None:

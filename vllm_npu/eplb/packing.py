@@ -139,6 +139,22 @@ def lpt_pack(weight: np.ndarray, cnt: np.ndarray, order: np.ndarray, num_ranks: 
 
 
 @njit
+def swap_slots(slots: np.ndarray, holds: np.ndarray, h: int, i: int, y: int,
+               j: int) -> tuple[int, int]:
+    """Exchange slot ``i`` of rank ``h`` with slot ``j`` of rank ``y``, keeping ``holds``
+    in step; returns the experts ``(a, b)`` that left ``h`` and ``y``."""
+    a = slots[h, i]
+    b = slots[y, j]
+    slots[h, i] = b
+    slots[y, j] = a
+    holds[h, a] = False
+    holds[h, b] = True
+    holds[y, b] = False
+    holds[y, a] = True
+    return a, b
+
+
+@njit
 def swap_descent(slots: np.ndarray, weight: np.ndarray, max_swaps: int,
                  stop_at: float, pair_cap: int) -> int:
     """Improve ``slots`` in place by swapping experts off the hottest rank.
@@ -190,14 +206,7 @@ def swap_descent(slots: np.ndarray, weight: np.ndarray, max_swaps: int,
                         bj = j
         if bi < 0:
             break
-        a = slots[h, bi]
-        b = slots[by, bj]
-        slots[h, bi] = b
-        slots[by, bj] = a
-        holds[h, a] = False
-        holds[h, b] = True
-        holds[by, b] = False
-        holds[by, a] = True
+        a, b = swap_slots(slots, holds, h, bi, by, bj)
         delta = weight[a] - weight[b]
         loads[h] -= delta
         loads[by] += delta

@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from vllm_npu.eplb._jit import njit
-from vllm_npu.eplb.packing import holds_table
+from vllm_npu.eplb.packing import holds_table, swap_slots
+
 
 @njit
 def _objective(m: np.ndarray, wk: np.ndarray, cap: float, penalty: float) -> float:
@@ -145,17 +146,19 @@ def scenario_descent(slots: np.ndarray, weight: np.ndarray, wk: np.ndarray, cap:
                             bj = j
         if bh < 0:
             break
-        a = slots[bh, bi]
-        b = slots[by, bj]
-        slots[bh, bi] = b
-        slots[by, bj] = a
-        holds[bh, a] = False
-        holds[bh, b] = True
-        holds[by, b] = False
-        holds[by, a] = True
+        a, b = swap_slots(slots, holds, bh, bi, by, bj)
         for k in range(k_count):
             delta = weight[k, a] - weight[k, b]
             loads[k, bh] -= delta
             loads[k, by] += delta
         done += 1
     return done
+
+
+def table_objective(slots: np.ndarray, scenarios: np.ndarray, wk: np.ndarray, cap: float,
+                    penalty: float) -> float:
+    """The descent's objective ``F`` for a whole ``[D, S]`` table under load scenarios
+    ``[K, E]`` (to compare tables the descent did not produce)."""
+    cnt = np.maximum(np.bincount(slots.ravel(), minlength=scenarios.shape[1]), 1)
+    peaks = (scenarios / cnt)[:, slots].sum(axis=2).max(axis=1)
+    return float(_objective(peaks, wk, cap, penalty))

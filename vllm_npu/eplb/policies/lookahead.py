@@ -34,7 +34,7 @@ from vllm_npu.eplb.bound import pigeonhole_counts
 from vllm_npu.eplb.layers import MAX_SWAPS, as_tables, layer_lower_bound, layer_peak
 from vllm_npu.eplb.packing import packed_layer, water_fill
 from vllm_npu.eplb.policy import Policy
-from vllm_npu.eplb.scenario import scenario_descent
+from vllm_npu.eplb.scenario import scenario_descent, table_objective
 from vllm_npu.eplb.validate import Problem
 
 
@@ -77,70 +77,66 @@ class LookaheadPolicy(Policy):
         small = exact.is_small(problem.num_experts, d, s)
         for layer in range(problem.num_layers):
             seen = np.ascontiguousarray(problem.load[layer])
-            windows = problem.windows[:, layer]
-            table = self._plan(seen, windows, d, s)
+            z = self._scenarios(seen, problem.windows[:, layer])
+            wk = 1.0 / np.maximum([layer_lower_bound(row, d, s) for row in z], 1e-12)
+            table = self._plan(z, wk, d, s)
             if small:
                 best = exact.solve_layer(seen, d, s, time_limit_s=self.exact_time_s,
                                          incumbent_ok=True)
                 if best is not None and layer_peak(seen, best) < layer_peak(seen, table):
                     table = best
             if old is not None:
-                table = self._against_old(table, old[layer], seen, windows, d, s)
+                table = self._against_old(table, old[layer], z, wk)
             out[layer] = table.ravel()
         return out
 
     def _scenarios(self, seen: np.ndarray, windows: np.ndarray) -> np.ndarray:
+        """``[seen, forecast, last sub-windows x T]`` as rows ``[K, E]``."""
         t = windows.shape[0]
         rows = [seen, forecast(windows, self.beta, self.recent)]
         if t > 1 and self.scenarios > 0:
             rows.extend(windows[-self.scenarios:] * t)
         return np.stack(rows)
 
-    def _weights(self, z: np.ndarray, d: int, s: int) -> np.ndarray:
-        lbs = np.array([layer_lower_bound(row, d, s) for row in z])
-        return 1.0 / np.maximum(lbs, 1e-12)
+    def _descend(self, table: np.ndarray, cnt: np.ndarray, z: np.ndarray,
+                 wk: np.ndarray) -> None:
+        scenario_descent(table, z / cnt, wk, self.cap, self.penalty,
+                         int(self.swaps_per_rank * table.shape[0]), self.min_gain)
 
-    def _score(self, table: np.ndarray, z: np.ndarray, wk: np.ndarray) -> tuple[float, float]:
-        """(seen peak / LB, mean guess peak / LB) of a table."""
-        peaks = np.array([layer_peak(row, table) for row in z]) * wk
-        return float(peaks[0]), float(peaks[1:].mean()) if len(peaks) > 1 else float(peaks[0])
-
-    def _plan(self, seen: np.ndarray, windows: np.ndarray, d: int, s: int) -> np.ndarray:
-        z = self._scenarios(seen, windows)
-        blend = (1.0 - self.count_mix) * z[0] + self.count_mix * z[1]
+    def _plan(self, z: np.ndarray, wk: np.ndarray, d: int, s: int) -> np.ndarray:
+        seen = z[0]
+        blend = (1.0 - self.count_mix) * seen + self.count_mix * z[1]
         cnt = water_fill(blend, d * s, d)
         table = packed_layer(blend, cnt, d, s, MAX_SWAPS)
-        if seen.sum() <= 0.0 or z.shape[0] == 1:
+        if seen.sum() <= 0.0:
             return table
-        wk = self._weights(z, d, s)
-        scenario_descent(table, z / cnt, wk, self.cap, self.penalty,
-                         int(self.swaps_per_rank * d), self.min_gain)
+        self._descend(table, cnt, z, wk)
         peak = layer_peak(seen, table)
         if peak * wk[0] > 1.0 + self.pigeonhole_tol:
             # Heavy heads: water-filled counts leave more than j*D replicas above
             # peak/(j+1) and force pairs; counts from the pigeonhole program avoid that.
-            best = self._objective(table, z, wk)
+            best = table_objective(table, z, wk, self.cap, self.penalty)
             for cnt2 in pigeonhole_counts(seen, d, s, upper=peak):
                 alt = packed_layer(seen, cnt2, d, s, MAX_SWAPS)
-                scenario_descent(alt, z / cnt2, wk, self.cap, self.penalty,
-                                 int(self.swaps_per_rank * d), self.min_gain)
-                score = self._objective(alt, z, wk)
+                self._descend(alt, cnt2, z, wk)
+                score = table_objective(alt, z, wk, self.cap, self.penalty)
                 if score < best:
                     table, best = alt, score
         return table
 
-    def _objective(self, table: np.ndarray, z: np.ndarray, wk: np.ndarray) -> float:
-        """The descent's objective (see :mod:`vllm_npu.eplb.scenario`) for a whole table."""
-        inn, out = self._score(table, z, wk)
-        return self.penalty * max(0.0, inn - self.cap) + out * (z.shape[0] - 1)
-
-    def _against_old(self, table: np.ndarray, old: np.ndarray, seen: np.ndarray,
-                     windows: np.ndarray, d: int, s: int) -> np.ndarray:
-        z = self._scenarios(seen, windows)
-        wk = self._weights(z, d, s)
+    def _against_old(self, table: np.ndarray, old: np.ndarray, z: np.ndarray,
+                     wk: np.ndarray) -> np.ndarray:
+        """The old table if it is as good as ``table`` on the seen window and the guesses
+        (within ``keep_tol``), else ``table`` aligned to it."""
         new_in, new_out = self._score(table, z, wk)
         old_in, old_out = self._score(old, z, wk)
         if old_in <= max(new_in, self.cap) + self.keep_tol and \
                 old_out <= new_out * (1.0 + self.keep_tol):
             return old.copy()
-        return align_layer(table, old, seen.shape[0])
+        return align_layer(table, old, z.shape[1])
+
+    @staticmethod
+    def _score(table: np.ndarray, z: np.ndarray, wk: np.ndarray) -> tuple[float, float]:
+        """(seen peak / LB, mean guess peak / LB) of a table."""
+        peaks = np.array([layer_peak(row, table) for row in z]) * wk
+        return float(peaks[0]), float(peaks[1:].mean())
