@@ -73,7 +73,7 @@ def test_pigeonhole_counts_fix_a_heavy_head() -> None:
     assert candidates and all(c.sum() == 320 and c.min() >= 1 and c.max() <= 64
                               for c in candidates)
     plan = get_policy("lookahead").rebalance(data[0][:, 1:2], 64, 5)
-    assert imbalance(load[None], plan, 64, 5)[0] < 1.03
+    assert imbalance(load[None], plan, 64, 5)[0] <= 1.01
 
 
 def test_lookahead_serves_the_next_window_better_than_flashlb() -> None:

@@ -48,6 +48,54 @@ def risk_load(windows: np.ndarray, z: float) -> np.ndarray:
     return (mean + z * windows.std(axis=0)) * t
 
 
+def shift_replica(cnt: np.ndarray, load: np.ndarray, into: np.ndarray,
+                  cap: int) -> np.ndarray | None:
+    """Move one replica to the hottest-per-replica expert in ``into`` (a boolean mask)
+    from the cheapest donor outside it; None if impossible. ``cap``: most replicas."""
+    per = np.where((cnt < cap) & into, load / cnt, -1.0)
+    a = int(per.argmax())
+    if per[a] < 0:
+        return None
+    cost = np.where((cnt >= 2) & ~into, load / np.maximum(cnt - 1, 1), np.inf)
+    d = int(cost.argmin())
+    if not np.isfinite(cost[d]):
+        return None
+    out = cnt.copy()
+    out[a] += 1
+    out[d] -= 1
+    return out
+
+
+def count_search(load: np.ndarray, cnt: np.ndarray, num_ranks: int, slots_per_rank: int,
+                 top: int = 8, max_rounds: int = 30) -> tuple[np.ndarray, np.ndarray]:
+    """Hill-climb replica counts by their packed peak: each round tries giving one of the
+    ``top`` hottest experts a replica (from the cheapest donor) or taking one away (to the
+    heaviest-per-replica expert), packs each (LPT + swap descent) and keeps the best.
+
+    Returns ``(counts, table)``. Water-filled counts minimise the largest *replica*, not
+    the largest *rank*: with heavy heads they can leave more big replicas than ranks.
+    """
+    best_cnt = cnt
+    best = packed_layer(load, cnt, num_ranks, slots_per_rank, MAX_SWAPS)
+    best_peak = layer_peak(load, best)
+    for _ in range(max_rounds):
+        base, improved = best_cnt, False
+        for a in np.argsort(-load, kind="stable")[:top]:
+            one = np.zeros(load.shape[0], bool)
+            one[a] = True
+            for cand in (shift_replica(base, load, one, num_ranks),
+                         shift_replica(base, load, ~one, num_ranks)):
+                if cand is None:
+                    continue
+                table = packed_layer(load, cand, num_ranks, slots_per_rank, MAX_SWAPS)
+                peak = layer_peak(load, table)
+                if peak < best_peak * (1.0 - 1e-9):
+                    best_cnt, best, best_peak, improved = cand, table, peak, True
+        if not improved:
+            break
+    return best_cnt, best
+
+
 def layer_peak(load: np.ndarray, slots: np.ndarray) -> float:
     """Max rank load of one ``[D, S]`` table under ``load`` ``[E]``."""
     cnt = np.bincount(slots.ravel(), minlength=load.shape[0])

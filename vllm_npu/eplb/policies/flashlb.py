@@ -29,27 +29,11 @@ from vllm_npu.eplb.layers import (
     layer_lower_bound,
     layer_peak,
     risk_load,
+    shift_replica,
 )
 from vllm_npu.eplb.packing import packed_layer, water_fill
 from vllm_npu.eplb.policy import Policy
 from vllm_npu.eplb.validate import Problem
-
-
-def _shift(cnt: np.ndarray, load: np.ndarray, into: np.ndarray, cap: int) -> np.ndarray | None:
-    """Move one replica to the hottest-per-replica expert in ``into`` from the
-    cheapest donor outside it (``into`` is a boolean mask); None if impossible."""
-    per = np.where((cnt < cap) & into, load / cnt, -1.0)
-    a = int(per.argmax())
-    if per[a] < 0:
-        return None
-    cost = np.where((cnt >= 2) & ~into, load / np.maximum(cnt - 1, 1), np.inf)
-    d = int(cost.argmin())
-    if not np.isfinite(cost[d]):
-        return None
-    out = cnt.copy()
-    out[a] += 1
-    out[d] -= 1
-    return out
 
 
 class FlashLBPolicy(Policy):
@@ -109,7 +93,8 @@ class FlashLBPolicy(Policy):
             base = cnt
             for g in range(self.groups):
                 mask = group_of == g
-                for child in (_shift(base, risk, mask, d), _shift(base, risk, ~mask, d)):
+                for child in (shift_replica(base, risk, mask, d),
+                              shift_replica(base, risk, ~mask, d)):
                     if child is None:
                         continue
                     table = packed_layer(risk, child, d, s, MAX_SWAPS)

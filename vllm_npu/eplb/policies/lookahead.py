@@ -12,8 +12,9 @@ Per layer, from the ``T`` sub-windows of history:
    within ``cap`` x its lower bound (IN), the rest of the freedom lowers the peaks of the
    guesses (OUT).
    A layer still above ``1 + pigeonhole_tol`` x its lower bound on the seen window
-   (heavy heads: more big replicas than ranks force pairs) is re-planned with replica
-   counts from :func:`~vllm_npu.eplb.bound.pigeonhole_counts`, kept if better.
+   (heavy heads: more big replicas than ranks force pairs) is re-planned from replica
+   counts of :func:`~vllm_npu.eplb.bound.pigeonhole_counts` (and the water-filled ones),
+   each hill-climbed by :func:`~vllm_npu.eplb.layers.count_search`; the best is kept.
 4. **Exact** on layers small enough for the MILP (:mod:`vllm_npu.eplb.exact`): its best
    table within ``exact_time_s`` replaces the heuristic one when better on the seen
    window. Proving the DeepSeek EPLB README example's layer 0 optimal takes ~6 s on
@@ -31,7 +32,8 @@ import numpy as np
 from vllm_npu.eplb import exact
 from vllm_npu.eplb.align import align_layer
 from vllm_npu.eplb.bound import pigeonhole_counts
-from vllm_npu.eplb.layers import MAX_SWAPS, as_tables, layer_lower_bound, layer_peak
+from vllm_npu.eplb.layers import (MAX_SWAPS, as_tables, count_search, layer_lower_bound,
+                                  layer_peak)
 from vllm_npu.eplb.packing import packed_layer, water_fill
 from vllm_npu.eplb.policy import Policy
 from vllm_npu.eplb.scenario import scenario_descent, table_objective
@@ -114,10 +116,11 @@ class LookaheadPolicy(Policy):
         peak = layer_peak(seen, table)
         if peak * wk[0] > 1.0 + self.pigeonhole_tol:
             # Heavy heads: water-filled counts leave more than j*D replicas above
-            # peak/(j+1) and force pairs; counts from the pigeonhole program avoid that.
+            # peak/(j+1) and force pairs. Start from the pigeonhole program's counts
+            # (and the water-filled ones), hill-climb the counts by packed peak.
             best = table_objective(table, z, wk, self.cap, self.penalty)
-            for cnt2 in pigeonhole_counts(seen, d, s, upper=peak):
-                alt = packed_layer(seen, cnt2, d, s, MAX_SWAPS)
+            for start in [cnt, *pigeonhole_counts(seen, d, s, upper=peak)[-1:]]:
+                cnt2, alt = count_search(seen, start, d, s)
                 self._descend(alt, cnt2, z, wk)
                 score = table_objective(alt, z, wk, self.cap, self.penalty)
                 if score < best:
