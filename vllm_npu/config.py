@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 
 class MoEOptions(BaseModel):
@@ -34,6 +35,9 @@ class EplbOptions(BaseModel):
 
     # Placement policy, one of vllm_npu.eplb.available_policies().
     policy: str = "flashlb"
+    # The policy's tuning options (numbers), e.g. {"move_budget": 0.2} for "lookahead";
+    # vllm_npu.eplb.policy.policy_options(name) lists them with their defaults.
+    policy_options: dict[str, float] = {}
     # MoE layers whose experts move per engine step while a rebalance migrates.
     layers_per_step: int = Field(default=1, ge=1)
     # A layer whose weight transfer takes longer is rolled back (old placement kept).
@@ -55,6 +59,13 @@ class EplbOptions(BaseModel):
         if name not in available_policies():
             raise ValueError(f"unknown EPLB policy; valid: {available_policies()}")
         return name
+
+    @model_validator(mode="after")
+    def _known_options(self) -> "EplbOptions":
+        from vllm_npu.eplb.policy import get_policy
+
+        get_policy(self.policy, **self.policy_options)  # raises naming the bad option
+        return self
 
 
 class NPUConfig(BaseModel):

@@ -115,3 +115,37 @@ def test_family_benchmark_writes_its_table(tmp_path) -> None:
     for r in rows:
         inn, inn_star = float(r[4]), float(r[5])
         assert 1.0 <= inn_star <= inn + 1e-9   # the MILP bound is at least the simple one
+
+
+def test_policy_options_are_checked_by_name_and_type() -> None:
+    from vllm_npu.eplb.policy import policy_options
+
+    assert policy_options("budget")["move_budget"] == 0.15
+    assert get_policy("lookahead", move_budget=0.2).move_budget == 0.2
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['zz'\] for EPLB policy"):
+        get_policy("swift", zz=1)
+    with pytest.raises(ValueError, match="option 'z' must be a number, got 'high'"):
+        get_policy("flashlb", z="high")
+
+
+def test_lookahead_move_budget_repairs_when_that_reaches_the_in_target() -> None:
+    """With move_budget=0.2 a layer changes at most 20% of its slots whenever a repair that
+    small brings the seen window to <= 1.02 x LB; it moves less than plain lookahead."""
+    cfg = FamilyConfig(family="lognormal", num_ranks=32, num_layers=6, num_windows=3,
+                       seed=TUNING_SEEDS[0])
+    data = generate_family(cfg)
+    totals = data.sum(axis=1)
+    moved = {}
+    for budget in (0.0, 0.2):
+        pol, prev, moved[budget] = LookaheadPolicy(move_budget=budget), None, 0
+        for w in range(cfg.num_windows):
+            plan = pol.rebalance(data[w], 32, 9, old_phy2log=prev)
+            if prev is not None:
+                frac = (plan != prev).mean(axis=1)
+                moved[budget] += int((plan != prev).sum())
+                if budget:
+                    small = frac <= 0.2
+                    assert small.any()
+                    assert (imbalance(totals[w], plan, 32, 9)[small] <= 1.02 + 1e-9).all()
+            prev = plan
+    assert moved[0.2] < moved[0.0]

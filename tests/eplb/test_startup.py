@@ -49,6 +49,8 @@ def test_vllm_flags_reach_the_npu_runtime(moe_path):
      "would hold 9 slots but the model has only 8 experts"),
     (dict(pipeline_parallel_size=2), "--enable-eplb with --pipeline-parallel-size 2"),
     (dict(additional_config={"eplb": {"policy": "greedy"}}), "eplb.policy='greedy'"),
+    (dict(additional_config={"eplb": {"policy": "lookahead", "policy_options": {"budget": 1}}}),
+     "unknown option\\(s\\) \\['budget'\\] for EPLB policy 'lookahead'; valid: .*'move_budget'"),
 ])
 def test_bad_eplb_setups_stop_at_startup(moe_path, kwargs, match):
     with pytest.raises(ValueError, match=match):

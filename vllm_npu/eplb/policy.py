@@ -10,6 +10,7 @@ is int64 ``[L, D*S]`` with rank ``d`` owning slots ``d*S .. d*S + S-1``.
 from __future__ import annotations
 
 import importlib
+import inspect
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -50,11 +51,33 @@ def available_policies() -> list[str]:
     return list(_REGISTRY)
 
 
-def get_policy(name: str) -> Policy:
-    """A fresh policy instance by name; unknown names raise ``ValueError``."""
+def policy_options(name: str) -> dict[str, object]:
+    """The tuning options policy ``name`` accepts, with their defaults."""
+    cls = _policy_class(name)
+    return {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()
+            if p.name != "self" and p.default is not inspect.Parameter.empty}
+
+
+def get_policy(name: str, **options: float) -> Policy:
+    """A fresh policy instance by name, with optional tuning ``options`` (numbers, see
+    :func:`policy_options`); an unknown name or option, or a non-number, raises
+    ``ValueError``."""
+    valid = policy_options(name)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for EPLB policy {name!r}; valid: "
+                         f"{sorted(valid)}")
+    for key, value in options.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"EPLB policy {name!r} option {key!r} must be a number, got "
+                             f"{value!r} (default {valid[key]!r})")
+    return _policy_class(name)(**options)
+
+
+def _policy_class(name: str) -> type[Policy]:
     if name not in _REGISTRY:
         raise ValueError(
             f"unknown EPLB policy {name!r}; valid names: {', '.join(available_policies())}"
         )
     module, cls = _REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)()
+    return getattr(importlib.import_module(module), cls)

@@ -73,7 +73,7 @@ class EplbUpdator:
         w13, w2 = self.views[0].weights
         self.loader = D2DExpertWeightLoader(group, w13, w2, first.slots_per_rank,
                                             options.transfer_timeout_s)
-        self.policy = get_policy(options.policy)
+        self.policy = get_policy(options.policy, **options.policy_options)
         self._planner = (ThreadPoolExecutor(1, thread_name_prefix="eplb-plan")
                          if group.rank == 0 else None)
         # numba compiles the policy's kernels on first use (seconds on a cold cache): start
