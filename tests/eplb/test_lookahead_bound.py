@@ -97,9 +97,27 @@ def test_lookahead_serves_the_next_window_better_than_flashlb() -> None:
         assert outs["lookahead"] < outs["flashlb"], (family, outs)
 
 
-def test_readme_example_exact_with_the_time_to_prove_it() -> None:
-    plan = LookaheadPolicy(exact_time_s=30).rebalance(README, 8, 2)
+def test_readme_example_at_the_exact_optimum_by_default() -> None:
+    plan = get_policy("lookahead").rebalance(README, 8, 2)
     assert rank_loads(README, plan, 8).max(axis=1).tolist() == [136.0, 172.0]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_two_slot_enumeration_matches_the_milp(seed: int) -> None:
+    """S = 2: the count enumeration (exact_pairs) against the MILP of exact.py."""
+    import vllm_npu.eplb.exact as exact_mod
+    from vllm_npu.eplb.exact_pairs import solve_two_slots
+
+    load = np.random.default_rng(seed).integers(1, 200, 9).astype(float)
+    fast = solve_two_slots(load, 6)
+    assert fast is not None and all(len(set(row)) == 2 for row in fast)
+    assert set(fast.ravel()) == set(range(9))
+    saved, exact_mod.solve_two_slots = exact_mod.solve_two_slots, lambda *a: None
+    try:
+        milp = exact_mod.solve_layer(load, 6, 2, time_limit_s=60)
+    finally:
+        exact_mod.solve_two_slots = saved
+    assert layer_peak(load, fast) == pytest.approx(layer_peak(load, milp), rel=1e-9)
 
 
 def test_family_benchmark_writes_its_table(tmp_path) -> None:

@@ -16,8 +16,9 @@ nonlinear in the replica counts, so the program picks the count and the ranks to
     sum_k z[hottest, k, 0] = 1                    symmetry: rank 0 holds the hottest expert
     t >= metrics.lower_bound                      lets the search stop at the bound
 
-``E * K * D`` binaries with ``K = min(D, D*S - E + 1)``: the DeepSeek EPLB README example
-(12 experts, 8 ranks x 2 slots) has 480 and solves in milliseconds. Above ``MAX_BINARIES``
+``E * K * D`` binaries with ``K = min(D, D*S - E + 1)``. Two-slot ranks go first to the exact
+count enumeration of :mod:`vllm_npu.eplb.exact_pairs` (the DeepSeek EPLB README example,
+12 experts on 8 ranks x 2 slots, in ~30 ms; this program needs ~6 s to prove its layer 0). Above ``MAX_BINARIES``
 the policies keep their heuristics.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
+from vllm_npu.eplb.exact_pairs import solve_two_slots
 from vllm_npu.eplb.metrics import lower_bound
 
 MAX_BINARIES = 4000   # problems above this size are left to the heuristics
@@ -50,6 +52,10 @@ def solve_layer(load: np.ndarray, num_ranks: int, slots_per_rank: int,
     ``incumbent_ok``: on a time-out, return the best table found so far instead (not
     proven optimal; a caller compares it with its own plan)."""
     load = np.asarray(load, dtype=np.float64)
+    if slots_per_rank == 2:
+        table = solve_two_slots(load, num_ranks)   # exact and fast when it applies
+        if table is not None:
+            return table
     e_count, d_count, s_count = load.shape[0], num_ranks, slots_per_rank
     k_count = replica_choices(e_count, d_count, s_count)
     if k_count < 1 or not is_small(e_count, d_count, s_count):

@@ -15,10 +15,9 @@ Per layer, from the ``T`` sub-windows of history:
    (heavy heads: more big replicas than ranks force pairs) is re-planned from replica
    counts of :func:`~vllm_npu.eplb.bound.pigeonhole_counts` (and the water-filled ones),
    each hill-climbed by :func:`~vllm_npu.eplb.layers.count_search`; the best is kept.
-4. **Exact** on layers small enough for the MILP (:mod:`vllm_npu.eplb.exact`): its best
-   table within ``exact_time_s`` replaces the heuristic one when better on the seen
-   window. Proving the DeepSeek EPLB README example's layer 0 optimal takes ~6 s on
-   one core; raise ``exact_time_s`` to spend that.
+4. **Exact** on layers small enough for :mod:`vllm_npu.eplb.exact`: its best table within
+   ``exact_time_s`` replaces the heuristic one when better on the seen window (two-slot
+   ranks, such as the DeepSeek EPLB README example, are enumerated exactly in ms).
 5. With an old plan: keep it when it is no worse than the new one (within ``keep_tol``).
    With ``move_budget > 0`` (off by default), take a repair of the old plan changing at
    most that fraction of slots whenever it brings the seen window to ``repair_in`` x LB:
