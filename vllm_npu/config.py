@@ -34,7 +34,7 @@ class EplbOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # Placement policy, one of vllm_npu.eplb.available_policies().
-    policy: str = "flashlb"
+    policy: str = "lookahead"
     # The policy's tuning options (numbers), e.g. {"move_budget": 0.2} for "lookahead";
     # vllm_npu.eplb.policy.policy_options(name) lists them with their defaults.
     policy_options: dict[str, float] = {}

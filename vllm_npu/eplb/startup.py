@@ -2,7 +2,7 @@
 
     vllm serve M --device npu --enable-expert-parallel --enable-eplb \
         --eplb-config '{"num_redundant_experts": 2, "window_size": 100, "step_interval": 300}' \
-        --additional-config '{"eplb": {"policy": "flashlb", "layers_per_step": 2}}'
+        --additional-config '{"eplb": {"policy": "lookahead", "layers_per_step": 2}}'
 
 vLLM's flags keep their meaning; the plugin's choices live in the `eplb` additional-config
 key. The NPU runs its own runtime (updator.py): vLLM's EplbState expects
