@@ -67,10 +67,11 @@ def shift_replica(cnt: np.ndarray, load: np.ndarray, into: np.ndarray,
 
 
 def count_search(load: np.ndarray, cnt: np.ndarray, num_ranks: int, slots_per_rank: int,
-                 top: int = 8, max_rounds: int = 30) -> tuple[np.ndarray, np.ndarray]:
+                 top: int = 8, max_rounds: int = 60) -> tuple[np.ndarray, np.ndarray]:
     """Hill-climb replica counts by their packed peak: each round tries giving one of the
     ``top`` hottest experts a replica (from the cheapest donor) or taking one away (to the
-    heaviest-per-replica expert), packs each (LPT + swap descent) and keeps the best.
+    heaviest-per-replica expert), packs each (LPT + swap descent) and takes the first that
+    lowers the peak.
 
     Returns ``(counts, table)``. Water-filled counts minimise the largest *replica*, not
     the largest *rank*: with heavy heads they can leave more big replicas than ranks.
@@ -78,19 +79,23 @@ def count_search(load: np.ndarray, cnt: np.ndarray, num_ranks: int, slots_per_ra
     best_cnt = cnt
     best = packed_layer(load, cnt, num_ranks, slots_per_rank, MAX_SWAPS)
     best_peak = layer_peak(load, best)
+    hottest = np.argsort(-load, kind="stable")[:top]
     for _ in range(max_rounds):
-        base, improved = best_cnt, False
-        for a in np.argsort(-load, kind="stable")[:top]:
+        improved = False
+        for a in hottest:
             one = np.zeros(load.shape[0], bool)
             one[a] = True
-            for cand in (shift_replica(base, load, one, num_ranks),
-                         shift_replica(base, load, ~one, num_ranks)):
+            for cand in (shift_replica(best_cnt, load, one, num_ranks),
+                         shift_replica(best_cnt, load, ~one, num_ranks)):
                 if cand is None:
                     continue
                 table = packed_layer(load, cand, num_ranks, slots_per_rank, MAX_SWAPS)
                 peak = layer_peak(load, table)
                 if peak < best_peak * (1.0 - 1e-9):
                     best_cnt, best, best_peak, improved = cand, table, peak, True
+                    break
+            if improved:
+                break  # first improvement: restart from the hottest expert
         if not improved:
             break
     return best_cnt, best

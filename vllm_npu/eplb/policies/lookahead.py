@@ -126,8 +126,17 @@ class LookaheadPolicy(Policy):
             # Heavy heads: water-filled counts leave more than j*D replicas above
             # peak/(j+1) and force pairs. Start from the pigeonhole program's counts
             # (and the water-filled ones), hill-climb the counts by packed peak.
+            # The pigeonhole program (a few MILPs) only runs when climbing from the
+            # water-filled counts does not get within the tolerance.
             best = table_objective(table, z, wk, self.cap, self.penalty)
-            for start in [cnt, *pigeonhole_counts(seen, d, s, upper=peak)[-1:]]:
+            for start in (cnt, None):
+                if start is None:
+                    if layer_peak(seen, table) * wk[0] <= 1.0 + self.pigeonhole_tol:
+                        break
+                    tight = pigeonhole_counts(seen, d, s, upper=peak)
+                    if not tight:
+                        break
+                    start = tight[-1]
                 cnt2, alt = count_search(seen, start, d, s)
                 self._descend(alt, cnt2, z, wk)
                 score = table_objective(alt, z, wk, self.cap, self.penalty)
