@@ -124,14 +124,14 @@ class LookaheadPolicy(Policy):
         peak = layer_peak(seen, table)
         if peak * wk[0] > 1.0 + self.pigeonhole_tol:
             # Heavy heads: water-filled counts leave more than j*D replicas above
-            # peak/(j+1) and force pairs. Start from the pigeonhole program's counts
-            # (and the water-filled ones), hill-climb the counts by packed peak.
-            # The pigeonhole program (a few MILPs) only runs when climbing from the
-            # water-filled counts does not get within the tolerance.
+            # peak/(j+1) and force pairs. Hill-climb the counts by packed peak from the
+            # water-filled ones; only if that stays above tolerance, also from the
+            # pigeonhole program's counts (a few MILPs).
             best = table_objective(table, z, wk, self.cap, self.penalty)
             for start in (cnt, None):
                 if start is None:
-                    if layer_peak(seen, table) * wk[0] <= 1.0 + self.pigeonhole_tol:
+                    peak = layer_peak(seen, table)
+                    if peak * wk[0] <= 1.0 + self.pigeonhole_tol:
                         break
                     tight = pigeonhole_counts(seen, d, s, upper=peak)
                     if not tight:
