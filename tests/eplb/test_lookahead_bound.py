@@ -167,3 +167,14 @@ def test_lookahead_move_budget_repairs_when_that_reaches_the_in_target() -> None
                     assert (imbalance(totals[w], plan, 32, 9)[small] <= 1.02 + 1e-9).all()
             prev = plan
     assert moved[0.2] < moved[0.0]
+
+
+def test_two_slot_enumeration_declines_what_it_cannot_certify() -> None:
+    """3 equal experts on 3 ranks x 2: sorted pairing of counts (2, 2, 2) puts one expert
+    twice on a rank, so the enumeration cannot certify peak 10 and leaves it to the MILP,
+    which finds it ({0,1}, {1,2}, {0,2})."""
+    from vllm_npu.eplb.exact_pairs import solve_two_slots
+
+    load = np.full(3, 10.0)
+    assert solve_two_slots(load, 3) is None
+    assert layer_peak(load, solve_layer(load, 3, 2)) == pytest.approx(10.0)

@@ -55,10 +55,10 @@ def solve_two_slots(load: np.ndarray, num_ranks: int) -> np.ndarray | None:
         order = np.argsort(-weight, kind="stable")
         first, second = order[:d], order[::-1][:d]
         peak = float((weight[first] + weight[second]).max())
-        if peak >= min(best, floor):
+        if peak >= best:
             continue
         if (experts[first] == experts[second]).any():
-            floor = peak
+            floor = min(floor, peak)
         else:
             best, best_pairs = peak, np.stack([experts[first], experts[second]], axis=1)
     if best_pairs is None or floor < best:
