@@ -78,8 +78,10 @@ class EplbUpdator:
                          if group.rank == 0 else None)
         # numba compiles the policy's kernels on first use (seconds on a cold cache): start
         # now, while the model loads; the engine's warm-up waits for it (finish_warm_up).
+        # A separate instance: a policy with memory (lookahead) must not remember this load.
+        warm = get_policy(options.policy, **options.policy_options)
         self._warm_up = None if self._planner is None else self._planner.submit(
-            self.policy.rebalance, np.ones((1, first.num_experts)), first.ep_size,
+            warm.rebalance, np.ones((1, first.num_experts)), first.ep_size,
             first.slots_per_rank)
         self.state = "collect"
         self.steps = 0  # since the last rebalance started

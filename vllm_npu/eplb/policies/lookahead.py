@@ -6,6 +6,12 @@ Per layer, from the ``T`` sub-windows of history:
    sub-windows (``beta``: 0 is the mean, 1 the last ``recent`` sub-windows), scaled to the
    seen total. Popularity walks (drift), so the recent past predicts better than the
    mean; it is also noisier, hence the shrinkage.
+   **Memory**: the forecast is blended (weight ``memory``) with an exponential average
+   (``decay`` per call) of the earlier windows' load shares, which the instance keeps
+   (one instance serves one run, as in the EPLB runtime; a different layer/expert shape
+   starts it afresh). A shift nothing in the window predicts (a traffic domain jumping)
+   then falls back towards the long-run mix: on the tuning seeds ``memory=0.3`` lowered
+   next-window OUT by 1.6-4% on the domain family and 0.4-0.8% on log-normal.
 2. **Replica counts** water-filled on a blend of the seen load and the forecast.
 3. **Pack** (LPT + swap descent), then :func:`~vllm_npu.eplb.scenario.scenario_descent`
    on the scenarios ``[seen, forecast, last sub-windows x T]``: the seen window is held
@@ -64,7 +70,8 @@ class LookaheadPolicy(Policy):
                  keep_tol: float = 0.002, pigeonhole_tol: float = 0.01,
                  min_gain: float = 1e-7, swaps_per_rank: float = 8.0,
                  exact_time_s: float = 0.3, move_budget: float = 0.0,
-                 repair_in: float = 1.02, rep_tol: float = 0.02) -> None:
+                 repair_in: float = 1.02, rep_tol: float = 0.02, memory: float = 0.3,
+                 decay: float = 0.5) -> None:
         self.beta = beta            # 0: history mean, 1: recent sub-windows only
         self.recent = recent        # sub-windows averaged as "recent"
         self.scenarios = scenarios  # last sub-windows kept as scenarios
@@ -79,15 +86,23 @@ class LookaheadPolicy(Policy):
         self.move_budget = move_budget        # > 0: prefer a repair changing at most this
         self.repair_in = repair_in            # fraction of slots when its seen IN <= this
         self.rep_tol = rep_tol                # repair: retarget above best replica x (1+this)
+        self.memory = memory                  # forecast weight of the earlier windows' shares
+        self.decay = decay                    # per call, of that exponential average
+        self._shares: np.ndarray | None = None  # [L, E] load shares of earlier windows
 
     def solve(self, problem: Problem) -> np.ndarray:
         d, s = problem.num_ranks, problem.slots_per_rank
         old = None if problem.old is None else as_tables(problem.old, d, s)
         out = np.empty((problem.num_layers, d * s), np.int64)
         small = exact.is_small(problem.num_experts, d, s)
+        share = problem.load / np.maximum(problem.load.sum(axis=1, keepdims=True), 1e-300)
+        past = self._shares if self._shares is not None and \
+            self._shares.shape == share.shape else None
         for layer in range(problem.num_layers):
             seen = np.ascontiguousarray(problem.load[layer])
             z = self._scenarios(seen, problem.windows[:, layer])
+            if past is not None and self.memory > 0:
+                z[1] = (1.0 - self.memory) * z[1] + self.memory * past[layer] * seen.sum()
             wk = 1.0 / np.maximum([layer_lower_bound(row, d, s) for row in z], 1e-12)
             table = self._plan(z, wk, d, s)
             if small:
@@ -98,6 +113,7 @@ class LookaheadPolicy(Policy):
             if old is not None:
                 table = self._against_old(table, old[layer], z, wk)
             out[layer] = table.ravel()
+        self._shares = share if past is None else self.decay * past + (1 - self.decay) * share
         return out
 
     def _scenarios(self, seen: np.ndarray, windows: np.ndarray) -> np.ndarray:
