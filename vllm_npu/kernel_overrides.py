@@ -31,10 +31,12 @@ def _modules_that_break_the_scan() -> dict[str, object]:
 
 def overrides() -> dict[str, object]:
     from vllm_npu.attention import context_parallel
+    from vllm_npu.spec_decode import eagle_kernels, rejection_kernels
     from vllm_npu.worker import slot_mapping
 
     return {slot_mapping.KERNEL: slot_mapping.compute_slot_mapping,
-            context_parallel.CORRECT_KERNEL: context_parallel.correct_attn_cp_out}
+            context_parallel.CORRECT_KERNEL: context_parallel.correct_attn_cp_out,
+            **rejection_kernels.KERNELS, **eagle_kernels.KERNELS}
 
 
 def register_kernel_overrides() -> None:

@@ -32,6 +32,8 @@ _BACKEND = select_backend()
 SIMULATED = _BACKEND.simulated
 GiB = 1 << 30
 PAGED_BLOCK_SIZES = (128, 256, 384, 512)  # what the fused attention op's page attention takes
+SPECULATIVE_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
+MAX_DRAFT_TOKENS = 15  # FIA: <= 16 query tokens per request per decode round
 
 
 def _device_arg(value: str) -> str:
@@ -201,12 +203,8 @@ class NPUPlatform(Platform):
         if parallel.prefill_context_parallel_size > 1:
             cls._check_prefill_context_parallel(vllm_config)
         cls._check_moe_dispatch(vllm_config, npu_config)
-
-        # Async scheduling needs device streams/events the V1 runner borrows from CUDA.
-        # (vLLM turns it on by default before the platform defaults run, so switch here.)
-        if vllm_config.scheduler_config.async_scheduling:
-            logger.info("vllm_npu: async scheduling is not supported yet; disabled")
-            vllm_config.scheduler_config.async_scheduling = False
+        if vllm_config.speculative_config is not None:
+            cls._check_speculative(vllm_config)
 
         cache = vllm_config.cache_config
         if cache.user_specified_block_size and cache.block_size not in PAGED_BLOCK_SIZES:
@@ -256,6 +254,27 @@ class NPUPlatform(Platform):
                 f"and cannot run inside ACL graphs (cudagraph_mode {mode.name}); use 'auto' "
                 "(all-to-all for eager batches, all-gather in graphs), 'all_gather', or "
                 "--enforce-eager")
+
+    @classmethod
+    def _check_speculative(cls, vllm_config: "VllmConfig") -> None:
+        """Methods the NPU runs, and the draft length its attention kernels take: FIA
+        verifies at most 16 query tokens per request in a decode round (vllm-ascend
+        attention/mla_v1.py, FIA_SEQ_LEN_LIMIT), i.e. 1 + at most 15 drafts."""
+        spec = vllm_config.speculative_config
+        if spec.method not in SPECULATIVE_METHODS:
+            raise ValueError(
+                f"--speculative-config method {spec.method!r} is not supported on the NPU "
+                f"platform; valid: {list(SPECULATIVE_METHODS)} (deepseek_mtp is mtp)")
+        dcp = vllm_config.parallel_config.decode_context_parallel_size
+        if dcp > 1:
+            raise ValueError(f"--speculative-config with --decode-context-parallel-size {dcp} "
+                             "is not supported on the NPU platform; valid: 1")
+        k = spec.num_speculative_tokens
+        if k is None or not 1 <= k <= MAX_DRAFT_TOKENS:
+            raise ValueError(
+                f"--speculative-config num_speculative_tokens {k} is more than the NPU "
+                f"attention kernels verify: valid 1..{MAX_DRAFT_TOKENS} (the fused attention "
+                "op takes at most 16 query tokens per request in a decode round)")
 
     @classmethod
     def _check_prefill_context_parallel(cls, vllm_config: "VllmConfig") -> None:
@@ -336,6 +355,12 @@ class NPUPlatform(Platform):
         from vllm_npu.compilation.graph_backend import get_graph_backend
 
         return get_graph_backend().graph_pool_handle()
+
+    @classmethod
+    def check_runner_kv_caches_multi_layer(cls) -> None:
+        """Two attention layers with one layer index (a draft model's layer 0 beside the
+        target's) are fine: the NPU runner uses its KV-cache list only as a set of
+        tensors (block zeroing, sleep, resident-memory accounting), never by index."""
 
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:

@@ -147,3 +147,52 @@ def test_latent_attention_refusals(kw, match):
         _split_call(query, cache, bt, [5, 9], 32, 0.1, **kw)
     with pytest.raises(NPUOpError, match="context_lens must be 2 host ints"):
         _split_call(query, cache, bt, [5, 9, 1], 32, 0.1)
+
+
+def _causal_mask():
+    return torch.ones(2048, 2048, dtype=torch.bool).triu_(1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_attention_mla_form_verifies_drafts_causally(dtype):
+    """Spec-decode verification over the latent planes: request b's query row i (of q_b)
+    sees positions < kv_b - q_b + i + 1; scores add q_rope . k_rope to q_nope . k_nope,
+    values are the nope part (plain per-token loop as the reference)."""
+    from vllm_npu.ops.sim import npu_fused_infer_attention_score
+
+    L, R, N, scale = 32, 16, 4, 0.11
+    kv_lens, q_lens = [5, 130, 260], [2, 4, 1]
+    _, cache, bt, _ = _latent_setup(3, N, L, R, kv_lens, dtype)
+    g = torch.Generator().manual_seed(7)
+    T = sum(q_lens)
+    q = torch.randn(T, N, L + R, generator=g).to(dtype)
+    nope, rope = (p.reshape(p.shape[0], BS, -1) for p in _planes(cache, L))
+    out, _ = npu_fused_infer_attention_score(
+        q[..., :L].contiguous(), nope, nope, query_rope=q[..., L:].contiguous(),
+        key_rope=rope, num_heads=N, num_key_value_heads=1, input_layout="TND",
+        atten_mask=_causal_mask(), sparse_mode=3, scale=scale, block_table=bt,
+        block_size=BS, actual_seq_lengths=[2, 6, 7], actual_seq_lengths_kv=kv_lens)
+    t = 0
+    for b, (ql, kl) in enumerate(zip(q_lens, kv_lens)):
+        for i in range(ql):
+            visible = kl - ql + i + 1
+            rows = torch.cat([cache[int(bt[b, p // BS]), p % BS] for p in range(visible)])
+            scores = (q[t].float() @ rows.float().T) * scale
+            want = torch.softmax(scores, -1) @ rows[:, :L].float()
+            torch.testing.assert_close(out[t].float(), want, **TOL[dtype])
+            t += 1
+
+
+def test_fused_attention_mla_form_takes_at_most_16_query_tokens():
+    from vllm_npu.ops.sim import npu_fused_infer_attention_score
+
+    L, R, N = 32, 16, 4
+    _, cache, bt, _ = _latent_setup(1, N, L, R, [40], torch.float32)
+    nope, rope = (p.reshape(p.shape[0], BS, -1) for p in _planes(cache, L))
+    q = torch.randn(17, N, L)
+    with pytest.raises(NPUOpError, match="at most 16 query tokens per request, got 17"):
+        npu_fused_infer_attention_score(
+            q, nope, nope, query_rope=torch.randn(17, N, R), key_rope=rope, num_heads=N,
+            num_key_value_heads=1, input_layout="TND", atten_mask=_causal_mask(),
+            sparse_mode=3, scale=0.1, block_table=bt, block_size=BS,
+            actual_seq_lengths=[17], actual_seq_lengths_kv=[40])

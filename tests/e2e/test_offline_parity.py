@@ -8,6 +8,7 @@ concurrent requests).
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.e2e.engine import generate as _generate
 from tests.e2e.engine import make_llm as _make_llm
@@ -87,3 +88,20 @@ def test_sleep_level2_needs_reload(engine):
     llm.collective_rpc("reload_weights")
     llm.wake_up(tags=["kv_cache"])
     assert _generate(llm, prompts, max_tokens=12) == before
+
+
+def test_async_scheduling_is_on_and_a_missing_wait_shows(engine, monkeypatch):
+    """Every test above ran with async scheduling (vLLM's default, kept on the NPU). The
+    simulated NPU runs side-stream copies only when someone waits for them, so an output
+    copy read without its event wait yields poison ids, never the right tokens by luck;
+    the engine serves correctly again once the wait is back."""
+    from vllm_npu.ops.sim import streams
+
+    arch, path, llm = engine
+    assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling
+    prompt = random_prompt(400, 20, _vocab(path))
+    monkeypatch.setattr(streams.Event, "synchronize", lambda self: None)
+    broken = _generate(llm, [prompt], max_tokens=4)
+    monkeypatch.undo()
+    assert broken == [[torch.iinfo(torch.int32).max] * 4]
+    assert _generate(llm, [prompt], max_tokens=8) == [hf_greedy(path, prompt, 8)]

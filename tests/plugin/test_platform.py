@@ -92,7 +92,7 @@ def test_engine_config_gets_npu_defaults(tiny_models):
 
     cfg = _engine_config(tiny_models["llama"], max_num_seqs=8)
     assert cfg.parallel_config.worker_cls == "vllm_npu.worker.worker.NPUWorker"
-    assert cfg.scheduler_config.async_scheduling is False
+    assert cfg.scheduler_config.async_scheduling is True  # vLLM's default, kept on the NPU
     # Decode replays full ACL graphs, without torch.compile; sizes bounded by max_num_seqs.
     assert cfg.compilation_config.mode == CompilationMode.NONE
     assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY

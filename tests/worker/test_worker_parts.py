@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_npu.worker.accelerator import simulated_accelerator
+from vllm_npu.worker.accelerator import npu_runtime
 from vllm_npu.worker.sim_memory import PeakMemoryTracker
 from vllm_npu.worker.sleep import SleepState
 
@@ -13,8 +13,8 @@ from vllm_npu.worker.sleep import SleepState
 def test_accelerator_noops_are_scoped():
     with pytest.raises(RuntimeError, match="accelerator"):
         torch.accelerator.empty_cache()
-    with simulated_accelerator():
-        with simulated_accelerator():  # re-entrant
+    with npu_runtime():
+        with npu_runtime():  # re-entrant
             torch.accelerator.synchronize()
         torch.accelerator.empty_cache()
         torch.accelerator.empty_host_cache()

@@ -40,6 +40,7 @@ from vllm_npu.attention.context_parallel import (
     combine_over_ranks,
     merge_partials,
 )
+from vllm_npu.attention.host_lens import host_seq_lens
 from vllm_npu.attention.prefill_context_parallel import (
     PCPMetadata,
     build_pcp_metadata,
@@ -152,16 +153,14 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
         self.dcp_world = parallel.decode_context_parallel_size
         self.pcp_world = parallel.prefill_context_parallel_size
         self.dcp_interleave = parallel.cp_kv_cache_interleave_size
+        self.speculative = vllm_config.speculative_config is not None
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> NPUAttentionMetadata:
         cm = common_attn_metadata
         n_reqs, n_tokens = cm.num_reqs, cm.num_actual_tokens
         query_ends = cm.query_start_loc_cpu[1:n_reqs + 1].tolist()
-        seq_lens_cpu = cm.seq_lens_cpu_upper_bound  # exact without async spec decode
-        if seq_lens_cpu is None:
-            seq_lens_cpu = cm.seq_lens.cpu()
-        seq_lens_cpu = seq_lens_cpu[:n_reqs].to(torch.int32)
+        seq_lens_cpu = host_seq_lens(cm, n_reqs, self.speculative)
         dcp = None
         if self.dcp_world > 1:
             from vllm.distributed import get_dcp_group

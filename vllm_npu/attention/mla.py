@@ -50,6 +50,7 @@ from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonMetadata,
     MLACommonMetadataBuilder,
     MLACommonPrefillMetadata,
+    QueryLenSupport,
 )
 from vllm.v1.attention.backend import (
     AttentionCGSupport,
@@ -62,9 +63,11 @@ from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from vllm_npu import ops
-from vllm_npu.attention.backend import as_task, uses_dcp
+from vllm_npu.attention import mla_spec_decode as spec
+from vllm_npu.attention.backend import MASK_SIDE, as_task, uses_dcp
 from vllm_npu.attention.context_parallel import gather_sharded_rows
 from vllm_npu.attention.mla_prefill import cumulative
+from vllm_npu.attention.host_lens import host_seq_lens
 from vllm_npu.attention.prefill_context_parallel import (
     PCPMetadata,
     build_pcp_metadata,
@@ -146,7 +149,11 @@ class NPUMLAPrefillMetadata(MLACommonPrefillMetadata):
 
 @dataclass
 class NPUMLADecodeMetadata(MLACommonDecodeMetadata):
-    """block_table int32 [num_decodes, max_blocks]; seq_lens host int32 [num_decodes]."""
+    """block_table int32 [num_decodes, max_blocks]; seq_lens host int32 [num_decodes];
+    with several query tokens per request (drafts to verify) their host cumulative ends
+    and the fused op's compressed causal mask (mla_spec_decode)."""
+    query_ends: list[int] | None = None
+    attn_mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -163,13 +170,16 @@ class NPUMLAMetadata(MLACommonMetadata[NPUMLADecodeMetadata]):
 class MLATasks:
     """One MLA layer's tasks in one captured decode graph, with the buffers they read."""
     cache_write: Any            # task handle: _npu_reshape_and_cache (None: shared KV)
-    attention: Any              # task handle: npu_multi_head_latent_attention
+    attention: Any              # task handle: the decode attention call
     nope_rows: torch.Tensor | None  # [T, 1, L] new latent rows, captured ...
     rope_rows: torch.Tensor | None  # [T, 1, R] ... and their rotary part
     q_nope: torch.Tensor        # [B, N, L] absorbed decode queries, captured ...
     q_rope: torch.Tensor        # [B, N, R]
     kv_cache: torch.Tensor      # the layer's cache memory (latent_planes)
     output: torch.Tensor        # [B, N, L] where the graph reads the result
+    query_len: int = 1          # > 1: the fused op's multi-token form (mla_spec_decode) ...
+    workspace: torch.Tensor | None = None  # ... with its workspace and lse buffer
+    lse: torch.Tensor | None = None
 
 
 def latent_planes(kv_cache: torch.Tensor, kv_lora_rank: int):
@@ -199,16 +209,25 @@ class NPUMLAMetadataBuilder(MLACommonMetadataBuilder[NPUMLAMetadata]):
                               kv_cache_spec: AttentionSpec) -> AttentionCGSupport:
         """FULL graphs for pure-decode batches only: vLLM's MLA layer splits a batch into
         decode and prefill tokens on the host, so a captured forward keeps the capture's
-        split; NPUMLAImpl.update_graph_params refreshes the decode tasks. None with DCP
+        split; NPUMLAImpl.update_graph_params refreshes the decode tasks. With
+        speculative decoding, uniform batches of 1 + k tokens per request. None with DCP
         (its collectives and lse path have no update hook)."""
         if uses_dcp(vllm_config):
             return AttentionCGSupport.NEVER
+        if vllm_config.speculative_config is not None:
+            return AttentionCGSupport.UNIFORM_BATCH
         return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+
+    # Decode rounds may carry drafts (1 + k tokens per request, k <= 15; mla_spec_decode).
+    query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.VARLEN
 
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str],
                  vllm_config: VllmConfig, device: torch.device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device,
                          metadata_cls=NPUMLAMetadata)
+        self.speculative = vllm_config.speculative_config is not None
+        self.spec_mask = torch.ones(MASK_SIDE, MASK_SIDE, dtype=torch.bool,
+                                    device=device).triu_(1) if self.speculative else None
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> NPUMLAMetadata:
@@ -220,8 +239,7 @@ class NPUMLAMetadataBuilder(MLACommonMetadataBuilder[NPUMLAMetadata]):
         # decodes and prefills and gathers every rank's new latents for the cache write.
         from vllm.distributed.parallel_state import get_pcp_group
 
-        seq_lens = (cm.seq_lens_cpu_upper_bound if cm.seq_lens_cpu_upper_bound is not None
-                    else cm.seq_lens.cpu())[:cm.num_reqs]
+        seq_lens = host_seq_lens(cm, cm.num_reqs, self.speculative)
         pcp = build_pcp_metadata(cm.query_start_loc_cpu[:cm.num_reqs + 1].tolist(),
                                  seq_lens.tolist(), cm.num_actual_tokens, world,
                                  get_pcp_group().rank_in_group)
@@ -232,10 +250,7 @@ class NPUMLAMetadataBuilder(MLACommonMetadataBuilder[NPUMLAMetadata]):
     def _build(self, common_prefix_len: int, cm: CommonAttentionMetadata,
                fast_build: bool) -> NPUMLAMetadata:
         meta = super().build(common_prefix_len, cm, fast_build)
-        seq_lens_cpu = cm.seq_lens_cpu_upper_bound  # exact without async spec decode
-        if seq_lens_cpu is None:
-            seq_lens_cpu = cm.seq_lens.cpu()
-        seq_lens_cpu = seq_lens_cpu[:cm.num_reqs].to(torch.int32)
+        seq_lens_cpu = host_seq_lens(cm, cm.num_reqs, self.speculative)
         nd = meta.num_decodes
         if meta.decode is not None:
             decode_lens = seq_lens_cpu[:nd]
@@ -250,7 +265,9 @@ class NPUMLAMetadataBuilder(MLACommonMetadataBuilder[NPUMLAMetadata]):
                 # A host-side argument: its own copy (a view of the runner's persistent
                 # buffer would change under a captured task, which the device never sees).
                 seq_lens=decode_lens.to(torch.int32).clone(),
-                dcp_tot_seq_lens=seq_lens_cpu[:nd] if self.dcp_world_size > 1 else None)
+                dcp_tot_seq_lens=seq_lens_cpu[:nd] if self.dcp_world_size > 1 else None,
+                query_ends=spec.query_ends_if_multi_token(cm.query_start_loc_cpu, nd),
+                attn_mask=self.spec_mask)
         if meta.prefill is not None:
             p = meta.prefill
             q_lens = p.query_lens_cpu.to(torch.int32)
@@ -431,19 +448,35 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
             return out.to(act_dtype), lse
         out = q_nope.new_empty(q_nope.shape)
         backend = get_graph_backend()
-        if not backend.is_capturing():
-            self._decode(q_nope, q_rope, kv_c_and_k_pe_cache, d.block_table, d.seq_lens, out)
+        capturing = backend.is_capturing()
+        if d.query_ends is not None:  # drafts to verify: the fused op's MLA form
+            call = self._spec_call(q_nope, q_rope, kv_c_and_k_pe_cache, d.block_table,
+                                   d.seq_lens.tolist(), d.query_ends, d.attn_mask)
+            lse = torch.zeros(1, dtype=torch.float32, device=out.device)
+            workspace = spec.max_workspace(call) if capturing else None
+            attention, _ = as_task(backend if capturing else None, spec.run, call, out, lse,
+                                   workspace)
+            extra = dict(query_len=d.query_ends[0], workspace=workspace, lse=lse)
+        else:
+            attention, _ = as_task(backend if capturing else None, self._decode, q_nope,
+                                   q_rope, kv_c_and_k_pe_cache, d.block_table, d.seq_lens,
+                                   out)
+            extra = {}
+        if not capturing:
             return out.to(act_dtype), None
-        attention, _ = as_task(backend, self._decode, q_nope, q_rope, kv_c_and_k_pe_cache,
-                               d.block_table, d.seq_lens, out)
         cache_write, c, r = self._captured_cache_task or (None, None, None)
         self._captured_cache_task = None
         GRAPH_PARAMS.register(get_forward_context().batch_descriptor, layer.layer_name,
                               MLATasks(cache_write=cache_write, attention=attention,
                                        nope_rows=c, rope_rows=r, q_nope=q_nope,
                                        q_rope=q_rope, kv_cache=kv_c_and_k_pe_cache,
-                                       output=out))
+                                       output=out, **extra))
         return out.to(act_dtype), None
+
+    def _spec_call(self, q_nope, q_rope, cache, block_table, seq_lens, query_ends, mask):
+        nope, rope = latent_planes(cache, self.kv_lora_rank)
+        return spec.fia_args(q_nope, q_rope, nope, rope, block_table, seq_lens, query_ends,
+                             mask, self.scale)
 
     def _decode(self, q_nope: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
                 block_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor) -> None:
@@ -475,7 +508,17 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
             self._write_rows(tasks.nope_rows, tasks.rope_rows, tasks.kv_cache, slots)
             backend.task_update_end(stream)
         backend.task_update_begin(stream, tasks.attention)
-        self._decode(tasks.q_nope, tasks.q_rope, tasks.kv_cache, table, lens, tasks.output)
+        if tasks.query_len > 1:
+            ends, spec_lens, spec_table = spec.padded_batch(
+                d.query_ends or list(range(1, len(d.seq_lens) + 1)), d.seq_lens.tolist(),
+                d.block_table, tasks.q_nope.shape[0], tasks.query_len)
+            self._update_args += (spec_table,)
+            spec.run(self._spec_call(tasks.q_nope, tasks.q_rope, tasks.kv_cache, spec_table,
+                                     spec_lens, ends, d.attn_mask),
+                     tasks.output, tasks.lse, tasks.workspace)
+        else:
+            self._decode(tasks.q_nope, tasks.q_rope, tasks.kv_cache, table, lens,
+                         tasks.output)
         backend.task_update_end(stream)
 
     def _decode_with_lse(self, q_nope: torch.Tensor, q_rope: torch.Tensor,

@@ -2,7 +2,7 @@
 
 What: wraps `cleanup_dist_env_and_memory` (in `vllm.distributed.parallel_state` and the
     names re-bound in `vllm.distributed` and `vllm.v1.engine.core`) so that it runs inside
-    `vllm_npu.worker.accelerator.simulated_accelerator()`.
+    `vllm_npu.worker.accelerator.npu_runtime()`.
 Why: after tearing down the process groups it calls `torch.accelerator.empty_cache()` /
     `empty_host_cache()` unless `current_platform.is_cpu()`; an out-of-tree platform is
     never "cpu", and on a CPU build of torch those calls raise ("Cannot access accelerator
@@ -22,11 +22,11 @@ _MARK = "_vllm_npu_patched"
 
 
 def _wrap(fn):
-    from vllm_npu.worker.accelerator import simulated_accelerator
+    from vllm_npu.worker.accelerator import npu_runtime
 
     @functools.wraps(fn)
     def cleanup(*args, **kwargs):
-        with simulated_accelerator():
+        with npu_runtime():
             return fn(*args, **kwargs)
 
     setattr(cleanup, _MARK, True)

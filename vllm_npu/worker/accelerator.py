@@ -1,10 +1,18 @@
-"""`torch.accelerator` calls inside the worker, on a CPU-only host.
+"""The NPU runtime vLLM's worker code reaches through CUDA-named APIs, scoped to worker calls.
 
-vLLM's runner and loader call `torch.accelerator.synchronize()` / `empty_cache()` /
-`empty_host_cache()`, which raise on a CPU build of torch. The simulated NPU has nothing
-to synchronise or cache, so the worker runs its vLLM calls inside
-`simulated_accelerator()`, which swaps in no-ops for the duration of the call only: the
-rest of the process (API server, tests) keeps torch's own functions.
+vLLM's V1 runner takes its streams and events from `torch.cuda` (`torch.cuda.Stream()`,
+`torch.cuda.Event(blocking=True)`, `torch.cuda.current_stream()`, `with
+torch.cuda.stream(s)`) and `torch.Event()`, and calls `torch.accelerator.synchronize()` /
+`empty_cache()` / `empty_host_cache()`. The worker runs its vLLM calls inside
+`npu_runtime()`, which for the duration of the call only points those names at:
+
+    real NPU       torch.npu's streams and events (torch_npu)
+    simulated NPU  vllm_npu.ops.sim.streams (side-stream work really deferred) and
+                   accelerator calls that synchronise those streams / have nothing to free
+
+Outside a worker call (API server, tests, other threads' code) torch's own functions
+stay; `torch.cuda` is never rebound for the process. Objects created inside (the runner's
+streams and events, vLLM's async outputs) keep working when used later from elsewhere.
 """
 from __future__ import annotations
 
@@ -16,12 +24,15 @@ import torch
 
 _lock = threading.RLock()
 _depth = 0
-_saved: dict[str, object] = {}
-_NOOPS = ("synchronize", "empty_cache", "empty_host_cache")
+_saved: list[tuple[object, str, object]] = []
+_STREAM_API = ("Stream", "Event", "current_stream", "default_stream", "stream", "set_stream")
 
 
-def _synchronize_noop(*args, **kwargs) -> None:
-    """Simulated NPU: every op has completed when it returns."""
+def _synchronize_streams(*args, **kwargs) -> None:
+    """Simulated NPU: the default stream is done; queued side-stream work runs now."""
+    from vllm_npu.ops.sim.streams import synchronize_all
+
+    synchronize_all()
 
 
 def _empty_cache_noop(*args, **kwargs) -> None:
@@ -32,15 +43,28 @@ def _empty_host_cache_noop(*args, **kwargs) -> None:
     """Simulated NPU: no pinned-host cache either."""
 
 
+def _replacements(simulated: bool) -> list[tuple[object, str, object]]:
+    if simulated:
+        from vllm_npu.ops.sim import streams
+
+        return ([(torch.accelerator, "synchronize", _synchronize_streams),
+                 (torch.accelerator, "empty_cache", _empty_cache_noop),
+                 (torch.accelerator, "empty_host_cache", _empty_host_cache_noop),
+                 (torch, "Event", streams.Event)]
+                + [(torch.cuda, name, getattr(streams, name)) for name in _STREAM_API])
+    npu = torch.npu  # registered by torch_npu
+    return [(torch.cuda, name, getattr(npu, name)) for name in _STREAM_API]
+
+
 @contextlib.contextmanager
-def simulated_accelerator():
+def npu_runtime(simulated: bool = True):
+    """Re-entrant; the outermost entry swaps the names in, its exit restores them."""
     global _depth
     with _lock:
         if _depth == 0:
-            for name, fn in zip(_NOOPS, (_synchronize_noop, _empty_cache_noop,
-                                              _empty_host_cache_noop)):
-                _saved[name] = getattr(torch.accelerator, name)
-                setattr(torch.accelerator, name, fn)
+            for owner, name, fn in _replacements(simulated):
+                _saved.append((owner, name, getattr(owner, name)))
+                setattr(owner, name, fn)
         _depth += 1
     try:
         yield
@@ -48,18 +72,17 @@ def simulated_accelerator():
         with _lock:
             _depth -= 1
             if _depth == 0:
-                for name in _NOOPS:
-                    setattr(torch.accelerator, name, _saved.pop(name))
+                while _saved:
+                    owner, name, fn = _saved.pop()
+                    setattr(owner, name, fn)
 
 
-def on_simulated_device(method):
-    """Decorator for worker methods: run inside `simulated_accelerator()` in simulation."""
+def on_npu_runtime(method):
+    """Decorator for worker methods: run inside `npu_runtime()`."""
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        if not self.simulated:
-            return method(self, *args, **kwargs)
-        with simulated_accelerator():
+        with npu_runtime(self.simulated):
             return method(self, *args, **kwargs)
 
     return wrapper

@@ -18,7 +18,7 @@ from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environmen
 from vllm.v1.worker.worker_base import CompilationTimes
 
 from vllm_npu.device import log_backend, select_backend
-from vllm_npu.worker.accelerator import on_simulated_device
+from vllm_npu.worker.accelerator import on_npu_runtime
 from vllm_npu.worker.sleep import SleepState
 
 logger = logging.getLogger("vllm.npu")
@@ -29,7 +29,7 @@ class NPUWorker(Worker):
     simulated = select_backend().simulated
 
     # ---- device ---------------------------------------------------------------------
-    @on_simulated_device
+    @on_npu_runtime
     def init_device(self) -> None:
         log_backend()
         if self.simulated:
@@ -55,7 +55,7 @@ class NPUWorker(Worker):
         return contextlib.nullcontext()
 
     # ---- the vLLM calls that may reach torch.accelerator --------------------------------
-    @on_simulated_device
+    @on_npu_runtime
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         super().load_model(load_dummy_weights=load_dummy_weights)
         if self.simulated:
@@ -64,7 +64,7 @@ class NPUWorker(Worker):
             model = self.model_runner.get_model()
             register_resident(list(model.parameters()) + list(model.buffers()))
 
-    @on_simulated_device
+    @on_npu_runtime
     def initialize_from_config(self, kv_cache_config) -> None:
         super().initialize_from_config(kv_cache_config)
         if self.simulated:
@@ -72,28 +72,32 @@ class NPUWorker(Worker):
 
             register_resident(t for t in self.model_runner.kv_caches if t is not None)
 
-    @on_simulated_device
+    @on_npu_runtime
     def execute_model(self, scheduler_output):
         return super().execute_model(scheduler_output)
 
-    @on_simulated_device
+    @on_npu_runtime
     def sample_tokens(self, grammar_output):
         return super().sample_tokens(grammar_output)
 
-    @on_simulated_device
+    @on_npu_runtime
+    def take_draft_token_ids(self):
+        return super().take_draft_token_ids()
+
+    @on_npu_runtime
     def execute_dummy_batch(self) -> None:
         super().execute_dummy_batch()
 
-    @on_simulated_device
+    @on_npu_runtime
     def reload_weights(self, *args, **kwargs) -> None:
         super().reload_weights(*args, **kwargs)
 
-    @on_simulated_device
+    @on_npu_runtime
     def shutdown(self) -> None:
         super().shutdown()
 
     # ---- KV cache budget --------------------------------------------------------------
-    @on_simulated_device
+    @on_npu_runtime
     @torch.inference_mode()
     def determine_available_memory(self) -> int:
         """Bytes for the KV cache: capacity * gpu_memory_utilization - weights - peak
@@ -139,7 +143,7 @@ class NPUWorker(Worker):
                                              else "") + ".")
         return budget
 
-    @on_simulated_device
+    @on_npu_runtime
     def compile_or_warm_up_model(self) -> CompilationTimes:
         # Capture the ACL graphs (vLLM's runner drives the sizes, warm-ups and progress
         # bar); vLLM's CUDA kernel warm-up does not apply to the NPU.
@@ -152,13 +156,13 @@ class NPUWorker(Worker):
                                 encoder=self.compilation_config.encoder_compilation_time)
 
     # ---- sleep mode -------------------------------------------------------------------
-    @on_simulated_device
+    @on_npu_runtime
     def sleep(self, level: int = 1) -> None:
         freed = self._sleep.sleep(level, self.model_runner.get_model(),
                                   self.model_runner.kv_caches)
         logger.info("vllm_npu: sleep level %d freed %.3f GiB of NPU memory", level, freed / GiB)
 
-    @on_simulated_device
+    @on_npu_runtime
     def wake_up(self, tags: list[str] | None = None) -> None:
         self._sleep.wake_up(tags)
 

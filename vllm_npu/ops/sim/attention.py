@@ -29,6 +29,9 @@ _MASK_SIDE = 2048  # sparse modes 2-4 take the compressed 2048x2048 triangular m
 _MASK_DTYPES = (torch.bool, torch.int8, torch.uint8)
 _INT_MAX = 2147483647
 _PAGED_BLOCK_SIZES = range(128, 513, 128)
+# MLA decode through FIA: <= 16 query tokens per request (vllm-ascend attention/mla_v1.py,
+# "npu_fused_infer_attention_score TND layout's limit of 16").
+_MLA_MAX_QUERY = 16
 
 
 def _host_ints(op: str, name: str, values) -> list[int]:
@@ -134,8 +137,12 @@ def npu_fused_infer_attention_score(
     pre_tokens: int = _INT_MAX, next_tokens: int = _INT_MAX,
     input_layout: str = "BSH", num_key_value_heads: int = 0, sparse_mode: int = 0,
     inner_precise: int = 0, block_size: int = 0, softmax_lse_flag: bool = False,
+    query_rope: torch.Tensor | None = None, key_rope: torch.Tensor | None = None,
     **unsupported,
 ):
+    """`query_rope`/`key_rope` (the MLA form, torch_npu API reference for
+    npu_fused_infer_attention_score, hiascend ptaoplist_001232): scores add
+    query_rope . key_rope to query . key; values are `value` alone."""
     op = "npu_fused_infer_attention_score"
     used = {k: v for k, v in unsupported.items() if v is not None}
     if used:
@@ -160,6 +167,20 @@ def npu_fused_infer_attention_score(
     hkv = num_key_value_heads or num_heads
     check_heads(op, num_heads, hkv)
     _check_mask(op, sparse_mode, atten_mask)
+    if (query_rope is None) != (key_rope is None):
+        raise NPUOpError(f"{op}: query_rope and key_rope come together")
+    if query_rope is not None:
+        check_contiguous(op, query_rope=query_rope, key_rope=key_rope)
+        if query_rope.dtype != query.dtype or key_rope.dtype != query.dtype:
+            raise NPUOpError(f"{op}: query_rope/key_rope dtypes must be the query's "
+                             f"{query.dtype}")
+        if query_rope.shape[:2] != query.shape[:2] or block_table is None \
+                or key_rope.shape[:2] != key.shape[:2] \
+                or key_rope.shape[2] != hkv * query_rope.shape[2]:
+            raise NPUOpError(f"{op}: query_rope [T, N, R] and paged key_rope [num_blocks, "
+                             f"block_size, Hkv*R] must match query {tuple(query.shape)} / "
+                             f"key {tuple(key.shape)}; got {tuple(query_rope.shape)} / "
+                             f"{tuple(key_rope.shape)}")
     if actual_seq_lengths is None or actual_seq_lengths_kv is None:
         raise NPUOpError(f"{op}: TND needs actual_seq_lengths and actual_seq_lengths_kv")
     q_ends = _host_ints(op, "actual_seq_lengths", actual_seq_lengths)
@@ -192,8 +213,14 @@ def npu_fused_infer_attention_score(
                              f"{block_table.shape[1]} blocks of {block_size}")
         d_v = value.shape[-1] // hkv
 
+        def gather_keys(rows: torch.Tensor, length: int) -> torch.Tensor:
+            keys = gather_paged(key, rows, hkv, length)
+            if key_rope is None:
+                return keys
+            return torch.cat((keys, gather_paged(key_rope, rows, hkv, length)), dim=-1)
+
         def get_kv(b: int):
-            return (gather_paged(key, block_table[b:b + 1], hkv, kv_lens[b]),
+            return (gather_keys(block_table[b:b + 1], kv_lens[b]),
                     gather_paged(value, block_table[b:b + 1], hkv, kv_lens[b]))
     else:
         # Unpaged TND: key/value [T_kv, Hkv, D] with cumulative kv ends.
@@ -210,10 +237,15 @@ def npu_fused_infer_attention_score(
             return (key[kv_starts[b]:kv_arg[b]].unsqueeze(0),
                     value[kv_starts[b]:kv_arg[b]].unsqueeze(0))
 
+    if query_rope is not None and max(q_lens, default=0) > _MLA_MAX_QUERY:
+        raise NPUOpError(f"{op}: the MLA form (query_rope) takes at most {_MLA_MAX_QUERY} "
+                         f"query tokens per request, got {max(q_lens)}")
     if any(q > kv for q, kv in zip(q_lens, kv_lens)) and sparse_mode in (3, 4):
         raise NPUOpError(f"{op}: right-down causal needs q_len <= kv_len per batch, got "
                          f"q {q_lens} kv {kv_lens}")
     causal = sparse_mode in (3, 4)
+    if query_rope is not None:  # q.k + q_rope.k_rope == [q | q_rope] . [k | k_rope]
+        query = torch.cat((query, query_rope), dim=-1)
     pre = pre_tokens if sparse_mode == 4 else _INT_MAX
     nxt = next_tokens if sparse_mode == 4 else 0
     out = torch.zeros(T, N, d_v, dtype=query.dtype)
@@ -225,7 +257,7 @@ def npu_fused_infer_attention_score(
     singles = [b for b in range(B) if q_lens[b] == 1] if block_table is not None else []
     if singles:
         rows = torch.tensor(singles)
-        k = gather_paged(key, block_table[rows], hkv, max(kv_lens[b] for b in singles))
+        k = gather_keys(block_table[rows], max(kv_lens[b] for b in singles))
         v = gather_paged(value, block_table[rows], hkv, max(kv_lens[b] for b in singles))
         tok = torch.tensor([q_starts[b] for b in singles])
         o, lse_rows = attend_padded(query[tok].unsqueeze(1), k, v, ql[rows], kl[rows], scale,
