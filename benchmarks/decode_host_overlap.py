@@ -5,10 +5,11 @@ For each batch size B: B prompts of 16 tokens, `--tokens` greedy output tokens e
 engine step (vLLM's EngineCore.step, counted when it ran the model):
 
     step ms      wall time of the whole generate / steps
-    forward ms   time inside the model forward (the device's work; on the simulator it
-                 runs on the host too, so async scheduling cannot hide it here)
-    host ms      step ms - forward ms: scheduling, input preparation, sampling, output
-                 processing — what a real NPU's host must do per step
+    forward ms   time inside the target model's forward and the draft model's (the
+                 device's work; on the simulator it runs on the host too, so async
+                 scheduling cannot hide it here)
+    host ms      step ms - forward ms: scheduling, input preparation, sampling, draft
+                 bookkeeping, output processing — what a real NPU's host does per step
     tok/step     output tokens / steps (> 1 only with speculation)
 
 Engines: async scheduling off, on (vLLM's default), and on with speculation: a draft
@@ -82,6 +83,20 @@ class _Timers:
 
         NPUModelRunner._model_forward = timed_forward
         self._restore = lambda: setattr(NPUModelRunner, "_model_forward", forward)
+        drafter = getattr(llm.llm_engine.model_executor.driver_worker.worker.model_runner,
+                          "drafter", None)
+        draft_model = getattr(drafter, "model", None)
+        if draft_model is not None:
+            draft_forward = draft_model.forward
+
+            def timed_draft(*args, **kwargs):
+                t0 = time.perf_counter()
+                try:
+                    return draft_forward(*args, **kwargs)
+                finally:
+                    timers.forward_s += time.perf_counter() - t0
+
+            draft_model.forward = timed_draft
 
     def close(self) -> None:
         self._restore()

@@ -19,6 +19,8 @@ RUNS = {
     "eplb_runtime.py": ["--world", "2", "--experts", "8", "--redundant", "2", "--top-k", "2",
                         "--layers", "2", "--hidden", "64", "--window", "4", "--repeats", "2",
                         "--eval-seeds", "100"],
+    "decode_host_overlap.py": ["--batches", "1", "2", "--tokens", "8", "--repeats", "1",
+                               "--engines", "async on", "async on + draft_model k=3"],
     "eplb_families.py": ["--families", "bursty", "--ranks", "16", "--layers", "2",
                          "--windows", "2", "--seeds", "tuning"],
 }
