@@ -183,12 +183,15 @@ def _skip_graph_updates(worker) -> None:
 def test_dcp_decode_graphs_need_the_update_hook(models, parity_dtype):
     """Replaying DCP decode graphs without the hook (skipped in the workers) would run the
     capture's tasks, whose slot mapping was freed after the capture: the workers refuse
-    the replay (a device would write the new K/V through reused memory)."""
+    the replay (a device would write the new K/V through reused memory). Synchronous
+    scheduling: under async scheduling vLLM 0.33's multiprocessing executor reports a
+    worker's execute_model exception as a KeyError in the scheduler's update, not as the
+    worker's error (the worker still logs the refusal)."""
     path = models("llama-mqa")
     prompts = [random_prompt(90 + i, n, vocab(path)) for i, n in enumerate((30, 200))]
     llm = make_llm(path, parity_dtype, tensor_parallel_size=2,
                    decode_context_parallel_size=2, distributed_executor_backend="mp",
-                   enable_sleep_mode=False)
+                   enable_sleep_mode=False, async_scheduling=False)
     try:
         llm.collective_rpc(_skip_graph_updates)
         with pytest.raises(RuntimeError, match="task _npu_reshape_and_cache points at a "

@@ -14,14 +14,18 @@ Metrics are written to ``docs/eplb/results.md`` and ``out_over_windows.png``.
 from __future__ import annotations
 
 import os
+import sys
 
 # One thread, as the target asks; set before numpy / numba load.
+# Only before numba starts its threads: numba refuses any later change of
+# NUMBA_NUM_THREADS ("Cannot set NUMBA_NUM_THREADS ... once the threads have been
+# launched") on its next compile, in this process and whoever imports this module.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+    if _var != "NUMBA_NUM_THREADS" or "numba" not in sys.modules:
+        os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
 import itertools  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402

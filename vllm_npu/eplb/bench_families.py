@@ -18,12 +18,16 @@ SwiftBalance and default policies, run unmodified from the pinned wheel
 from __future__ import annotations
 
 import os
+import sys
 
+# Only before numba starts its threads: numba refuses any later change of
+# NUMBA_NUM_THREADS ("Cannot set NUMBA_NUM_THREADS ... once the threads have been
+# launched") on its next compile, in this process and whoever imports this module.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+    if _var != "NUMBA_NUM_THREADS" or "numba" not in sys.modules:
+        os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -62,6 +62,7 @@ class Stream:
         self._queue: list[tuple[int, Callable[[], None]]] = []
         self._issued = 0      # sequence number of the last work item queued
         self._completed = 0   # ... and of the last one run
+        self._running = threading.RLock()  # one waiter runs the queue, in issue order
         with _lock:
             _streams.add(self)
 
@@ -88,15 +89,17 @@ class Stream:
         return self._issued
 
     def run_until(self, seq: int) -> None:
-        """Run this stream's queued work up to `seq` (in issue order)."""
-        while True:
-            with _lock:
-                if not self._queue or self._queue[0][0] > seq:
-                    return
-                number, work = self._queue.pop(0)
-            work()
-            with _lock:
-                self._completed = max(self._completed, number)
+        """Run this stream's queued work up to `seq` (in issue order, even when several
+        threads wait at once: the async output thread and the next step)."""
+        with self._running:
+            while True:
+                with _lock:
+                    if not self._queue or self._queue[0][0] > seq:
+                        return
+                    number, work = self._queue.pop(0)
+                work()
+                with _lock:
+                    self._completed = max(self._completed, number)
 
     def synchronize(self) -> None:
         self.run_until(self._issued)
