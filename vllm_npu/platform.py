@@ -54,7 +54,7 @@ class NPUPlatform(Platform):
     ray_device_key = "NPU"
     device_control_env_var = "ASCEND_RT_VISIBLE_DEVICES"
     simple_compile_backend = "eager"
-    supported_quantization: list[str] = []
+    supported_quantization: list[str] = ["ascend"]  # ModelSlim W8A8 / W8A8_DYNAMIC
 
     @property
     def supported_dtypes(self) -> list[torch.dtype]:
@@ -125,12 +125,11 @@ class NPUPlatform(Platform):
 
     @classmethod
     def verify_quantization(cls, quant: str) -> None:
-        # vLLM's default accepts anything when the list is empty; nothing is supported yet.
         if quant not in cls.supported_quantization:
             raise ValueError(
                 f"{quant} quantization is not supported on the NPU platform yet "
-                f"(supported: {cls.supported_quantization or 'none'}); load an "
-                "unquantized checkpoint")
+                f"(supported: {cls.supported_quantization}); load an unquantized or a "
+                "ModelSlim W8A8 checkpoint")
 
     @classmethod
     def get_device_communicator_cls(cls) -> str:
@@ -179,6 +178,7 @@ class NPUPlatform(Platform):
         log_backend()
         npu_config = NPUConfig.from_additional_config(vllm_config.additional_config)
         parallel = vllm_config.parallel_config
+        cls._detect_modelslim(vllm_config)
         if parallel.enable_eplb:
             from vllm_npu.eplb.startup import take_over_eplb
 
@@ -254,6 +254,24 @@ class NPUPlatform(Platform):
                 f"and cannot run inside ACL graphs (cudagraph_mode {mode.name}); use 'auto' "
                 "(all-to-all for eager batches, all-gather in graphs), 'all_gather', or "
                 "--enforce-eager")
+
+    @classmethod
+    def _detect_modelslim(cls, vllm_config: "VllmConfig") -> None:
+        """A ModelSlim checkpoint (quant_model_description.json) runs as `--quantization
+        ascend` without the flag, as vllm-ascend detects it."""
+        from vllm.config import VllmConfig
+
+        from vllm_npu.quantization.modelslim import description_path
+
+        model = vllm_config.model_config
+        if model is None or model.quantization is not None \
+                or description_path(model.model) is None:
+            return
+        logger.info("vllm_npu: %s holds a ModelSlim quant_model_description.json: "
+                    "--quantization ascend", model.model)
+        model.quantization = "ascend"
+        vllm_config.quant_config = VllmConfig._get_quantization_config(
+            model, vllm_config.load_config)
 
     @classmethod
     def _check_speculative(cls, vllm_config: "VllmConfig") -> None:

@@ -23,6 +23,9 @@ OP_NAMES = (
     "npu_moe_init_routing_v2",
     "npu_grouped_matmul",
     "npu_moe_token_unpermute",
+    "npu_quantize",
+    "npu_dynamic_quant",
+    "npu_quant_matmul",
 )
 
 if select_backend().simulated:

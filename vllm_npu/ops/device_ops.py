@@ -14,6 +14,9 @@ npu_moe_gating_top_k = torch_npu.npu_moe_gating_top_k
 npu_moe_init_routing_v2 = torch_npu.npu_moe_init_routing_v2
 npu_grouped_matmul = torch_npu.npu_grouped_matmul
 npu_moe_token_unpermute = torch_npu.npu_moe_token_unpermute
+npu_quantize = torch_npu.npu_quantize
+npu_dynamic_quant = torch_npu.npu_dynamic_quant
+npu_quant_matmul = torch_npu.npu_quant_matmul
 
 
 def npu_fused_infer_attention_score_out(query, key, value, *, out, workspace=None, **kwargs):

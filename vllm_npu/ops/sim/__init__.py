@@ -3,7 +3,17 @@
 Every op is graph-aware (`graph.graph_op`): under a simulated graph capture it is recorded
 as one task whose arguments stay frozen until a task update refreshes them.
 """
-from vllm_npu.ops.sim import activation, attention, attention_update, cache, mla, moe, norm, rotary
+from vllm_npu.ops.sim import (
+    activation,
+    attention,
+    attention_update,
+    cache,
+    mla,
+    moe,
+    norm,
+    quant,
+    rotary,
+)
 from vllm_npu.ops.sim.graph import graph_op
 
 npu_swiglu = graph_op(activation.npu_swiglu)
@@ -33,3 +43,6 @@ npu_moe_gating_top_k = graph_op(moe.npu_moe_gating_top_k)
 npu_moe_init_routing_v2 = graph_op(moe.npu_moe_init_routing_v2)
 npu_grouped_matmul = graph_op(moe.npu_grouped_matmul)
 npu_moe_token_unpermute = graph_op(moe.npu_moe_token_unpermute)
+npu_quantize = graph_op(quant.npu_quantize)
+npu_dynamic_quant = graph_op(quant.npu_dynamic_quant)
+npu_quant_matmul = graph_op(quant.npu_quant_matmul)

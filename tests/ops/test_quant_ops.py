@@ -1,0 +1,132 @@
+"""Simulated int8 quantisation ops vs integer reference math written out per element, and
+the argument combinations the device refuses."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_npu.ops.sim import npu_dynamic_quant, npu_quant_matmul, npu_quantize
+from vllm_npu.ops.sim.checks import NPUOpError
+
+
+def _round_half_even(v: float) -> int:
+    return int(torch.tensor(v, dtype=torch.float64).round())
+
+
+def _sat(v: int) -> int:
+    return max(-128, min(127, v))
+
+
+@pytest.mark.parametrize("div_mode", [True, False])
+def test_quantize_per_channel_with_offsets_and_saturation(div_mode):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 6, generator=g) * 40
+    x[0, 0], x[1, 1] = 1e4, -1e4  # saturate at +127 / -128
+    scales = torch.rand(6, generator=g) + 0.2
+    zp = torch.randint(-3, 4, (6,), generator=g).float()
+    y = npu_quantize(x, scales, zp, torch.qint8, -1, div_mode)
+    assert y.dtype == torch.int8
+    for i in range(5):
+        for j in range(6):
+            v = float(x[i, j]) / float(scales[j]) if div_mode else float(x[i, j]) * float(scales[j])
+            assert int(y[i, j]) == _sat(_round_half_even(v + float(zp[j]))), (i, j)
+    assert int(y[0, 0]) == (127 if div_mode or scales[0] > 0 else -128)
+
+
+def test_dynamic_quant_is_symmetric_per_token_and_keeps_zero_rows():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 3, 8, generator=g)
+    x[1, 2] = 0.0
+    y, scale = npu_dynamic_quant(x)
+    assert y.dtype == torch.int8 and scale.dtype == torch.float32 and scale.shape == (4, 3)
+    for i in range(4):
+        for t in range(3):
+            amax = max(abs(float(v)) for v in x[i, t])
+            assert abs(float(scale[i, t]) - amax / 127) < 1e-7
+            for j in range(8):
+                want = 0 if amax == 0 else _sat(_round_half_even(float(x[i, t, j]) / (amax / 127)))
+                assert abs(int(y[i, t, j]) - want) <= (0 if amax == 0 else 1)
+    assert (y[1, 2] == 0).all() and float(scale[1, 2]) == 0.0
+    assert int(y.abs().max()) == 127  # each row's largest element maps to +-127
+
+
+def _int_reference(x1, x2):
+    m, k = x1.shape
+    n = x2.shape[1]
+    return [[sum(int(x1[i, p]) * int(x2[p, j]) for p in range(k)) for j in range(n)]
+            for i in range(m)]
+
+
+def _int8(g, *shape):
+    return torch.randint(-128, 128, shape, generator=g, dtype=torch.int8)
+
+
+def test_quant_matmul_static_int32_bias_and_int64_scale():
+    g = torch.Generator().manual_seed(2)
+    x1, x2 = _int8(g, 3, 16), _int8(g, 16, 5)
+    x1[0] = 127  # saturated rows accumulate exactly in int32
+    deq = torch.rand(5, generator=g) * 1e-3
+    bias = torch.randint(-1000, 1000, (5,), generator=g, dtype=torch.int32)
+    bits = deq.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # ModelSlim's int64 deq_scale
+    acc = _int_reference(x1, x2)
+    for scale, out_dtype in ((bits, torch.float16), (deq, torch.bfloat16), (deq, torch.float32)):
+        y = npu_quant_matmul(x1, x2, scale, bias=bias, output_dtype=out_dtype)
+        assert y.dtype == out_dtype
+        want = torch.tensor([[(acc[i][j] + int(bias[j])) * float(deq[j]) for j in range(5)]
+                             for i in range(3)])
+        torch.testing.assert_close(y.float(), want.to(out_dtype).float(), rtol=1e-2 if
+                                   out_dtype != torch.float32 else 1e-6, atol=1e-3)
+
+
+def test_quant_matmul_per_token_with_float_bias():
+    g = torch.Generator().manual_seed(3)
+    x1, x2 = _int8(g, 4, 8), _int8(g, 8, 3)
+    w_scale = torch.rand(3, generator=g) * 0.01
+    tok = torch.rand(4, generator=g) * 0.1
+    tok[2] = 0.0  # a zero row's scale
+    bias = torch.randn(3, generator=g)
+    y = npu_quant_matmul(x1, x2, w_scale, pertoken_scale=tok, bias=bias,
+                         output_dtype=torch.float32)
+    acc = _int_reference(x1, x2)
+    want = torch.tensor([[acc[i][j] * float(w_scale[j]) * float(tok[i]) + float(bias[j])
+                          for j in range(3)] for i in range(4)])
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+
+
+def test_quant_matmul_int8_output_saturates_with_offset():
+    x1 = torch.full((1, 4), 127, dtype=torch.int8)
+    x2 = torch.full((4, 2), 127, dtype=torch.int8)
+    y = npu_quant_matmul(x1, x2, torch.tensor([1.0, 1e-5]), offset=torch.tensor([0.0]),
+                         output_dtype=torch.int8)
+    assert y.tolist() == [[127, 1]]  # 64516 saturates; 0.645 + 0 rounds to 1
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(scale_dtype=torch.int64, output_dtype=torch.bfloat16), "int64 scale"),
+    (dict(scale_dtype=torch.int64, output_dtype=torch.float16, pertoken=True), "int64 scale"),
+    (dict(output_dtype=torch.bfloat16, offset=True), "offset is taken with int8 output"),
+    (dict(output_dtype=torch.float16, bias_dtype=torch.float32), "float16 output without"),
+    (dict(output_dtype=torch.int8, pertoken=True), "int8 output takes"),
+    (dict(scale_dtype=torch.bfloat16, output_dtype=torch.float16), "bfloat16 scale"),
+])
+def test_quant_matmul_refuses_what_the_device_refuses(kwargs, match):
+    x1, x2 = torch.ones(2, 4, dtype=torch.int8), torch.ones(4, 3, dtype=torch.int8)
+    scale = torch.ones(3, dtype=kwargs.get("scale_dtype", torch.float32))
+    with pytest.raises(NPUOpError, match=match):
+        npu_quant_matmul(x1, x2, scale,
+                         offset=torch.zeros(1) if kwargs.get("offset") else None,
+                         pertoken_scale=torch.ones(2) if kwargs.get("pertoken") else None,
+                         bias=torch.zeros(3, dtype=kwargs["bias_dtype"])
+                         if "bias_dtype" in kwargs else None,
+                         output_dtype=kwargs["output_dtype"])
+
+
+def test_quant_matmul_refuses_float_inputs_and_bad_shapes():
+    with pytest.raises(NPUOpError, match="x1 must be int8"):
+        npu_quant_matmul(torch.ones(2, 4), torch.ones(4, 3, dtype=torch.int8), torch.ones(3),
+                         output_dtype=torch.bfloat16)
+    with pytest.raises(NPUOpError, match=r"scale must be \[1\] or \[n=3\]"):
+        npu_quant_matmul(torch.ones(2, 4, dtype=torch.int8), torch.ones(4, 3, dtype=torch.int8),
+                         torch.ones(2), output_dtype=torch.bfloat16)
+    with pytest.raises(NPUOpError, match="scales of 3 elements"):
+        npu_quantize(torch.ones(2, 4), torch.ones(3), None, torch.qint8, -1)
