@@ -54,7 +54,8 @@ class NPUPlatform(Platform):
     ray_device_key = "NPU"
     device_control_env_var = "ASCEND_RT_VISIBLE_DEVICES"
     simple_compile_backend = "eager"
-    supported_quantization: list[str] = ["ascend"]  # ModelSlim W8A8 / W8A8_DYNAMIC
+    # ModelSlim W8A8 / W8A8_DYNAMIC; vLLM's compressed-tensors int8 W8A8
+    supported_quantization: list[str] = ["ascend", "compressed-tensors"]
 
     @property
     def supported_dtypes(self) -> list[torch.dtype]:

@@ -24,6 +24,7 @@ def register_all() -> None:
     import vllm_npu.ops.layers.fused_moe  # noqa: F401
     import vllm_npu.ops.layers.layernorm  # noqa: F401
     import vllm_npu.ops.layers.rotary_embedding  # noqa: F401
+    import vllm_npu.quantization.compressed_int8  # noqa: F401  (compressed-tensors int8)
     import vllm_npu.quantization.modelslim  # noqa: F401  (registers --quantization ascend)
     from vllm_npu.patch import apply_all
 

@@ -1,4 +1,5 @@
-"""ModelSlim W8A8 (static) and W8A8_DYNAMIC checkpoints on the simulated NPU.
+"""Int8 checkpoints on the simulated NPU: ModelSlim W8A8 (static) and W8A8_DYNAMIC
+(`--quantization ascend`, detected) and vLLM's compressed-tensors int8 W8A8.
 
 Checkpoints come from `tools/quantize_w8a8.py` (vllm_npu.testing.quantize_w8a8) applied to
 the tiny local models; the reference is the same model in plain PyTorch with every
@@ -20,9 +21,11 @@ from tests.e2e.engine import generate, make_llm, shutdown, vocab
 from tests.e2e.reference import hf_greedy, random_prompt
 from tests.e2e.reference_quant import fake_quant_greedy, teacher_forced_mismatches
 
-CASES = [("llama", "W8A8", "eager"), ("llama", "W8A8", "graph"),
-         ("llama", "W8A8_DYNAMIC", "eager"), ("llama", "W8A8_DYNAMIC", "graph"),
-         ("qwen2", "W8A8", "graph"), ("qwen2", "W8A8_DYNAMIC", "eager")]  # qwen2: qkv bias
+MS, CT = "modelslim", "compressed-tensors"
+CASES = [("llama", "W8A8", "eager", MS), ("llama", "W8A8", "graph", MS),
+         ("llama", "W8A8_DYNAMIC", "eager", MS), ("llama", "W8A8_DYNAMIC", "graph", MS),
+         ("qwen2", "W8A8", "graph", MS), ("qwen2", "W8A8_DYNAMIC", "eager", MS),  # qkv bias
+         ("llama", "W8A8", "graph", CT), ("qwen2", "W8A8_DYNAMIC", "eager", CT)]
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +35,11 @@ def quantized(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("quant")
     cache = {}
 
-    def get(arch: str, scheme: str) -> str:
-        if (arch, scheme) not in cache:
-            cache[arch, scheme] = quantize_checkpoint(tiny_models[arch],
-                                                      str(root / f"{arch}-{scheme}"), scheme)
-        return cache[arch, scheme]
+    def get(arch: str, scheme: str, fmt: str = MS) -> str:
+        if (arch, scheme, fmt) not in cache:
+            cache[arch, scheme, fmt] = quantize_checkpoint(
+                tiny_models[arch], str(root / f"{arch}-{scheme}-{fmt}"), scheme, fmt=fmt)
+        return cache[arch, scheme, fmt]
 
     return get
 
@@ -48,10 +51,10 @@ def _prompts(path: str) -> list[list[int]]:
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: "-".join(c))
 def engine(request, quantized, parity_dtype):
-    arch, scheme, mode = request.param
-    path = quantized(arch, scheme)
+    arch, scheme, mode, fmt = request.param
+    path = quantized(arch, scheme, fmt)
     llm = make_llm(path, parity_dtype, enforce_eager=mode == "eager")
-    yield arch, scheme, mode, path, llm
+    yield arch, scheme, mode, fmt, path, llm
     shutdown(llm)
 
 
@@ -60,8 +63,9 @@ def test_tokens_match_the_fake_quant_reference(engine, tiny_models):
     (chunked vs whole-prompt attention) into whole quanta now and then, so where the
     reference itself is a near tie (top-2 logits within 0.02) the runner-up may win:
     such a sequence is then checked teacher-forced, every other token the argmax."""
-    arch, scheme, mode, path, llm = engine
-    assert llm.llm_engine.vllm_config.model_config.quantization == "ascend"  # detected
+    arch, scheme, mode, fmt, path, llm = engine
+    detected = llm.llm_engine.vllm_config.model_config.quantization
+    assert detected == ("ascend" if fmt == MS else "compressed-tensors")
     prompts = _prompts(path)
     got = generate(llm, prompts, 24)
     for prompt, tokens in zip(prompts, got):
@@ -75,7 +79,7 @@ def test_tokens_match_the_fake_quant_reference(engine, tiny_models):
 def test_quantised_layers_hold_int8_weights(engine):
     """Weight memory of the quantised Linears: int8 plus per-channel scales, about a
     quarter of the float32 weights they replace."""
-    arch, scheme, mode, path, llm = engine
+    arch, scheme, mode, fmt, path, llm = engine
     model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.get_model()
     held = replaced = 0
     for module in model.modules():
@@ -86,7 +90,7 @@ def test_quantised_layers_hold_int8_weights(engine):
     assert replaced > 0
     # int8 weights + float32 scales / int32 quant_bias per output channel (k = 128..256)
     assert held / replaced < 0.30, (held, replaced)
-    print(f"{arch} {scheme}: quantised Linears hold {held} bytes for {replaced} bytes of "
+    print(f"{arch} {scheme} {fmt}: quantised Linears hold {held} bytes for {replaced} bytes of "
           f"float32 weights ({held / replaced:.3f})")
 
 

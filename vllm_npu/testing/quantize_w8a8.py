@@ -14,6 +14,10 @@ shared/notes/quant-w8a8-facts.md):
     quant_model_description.json     {tensor name: "W8A8" | "W8A8_DYNAMIC" | "FLOAT", ...,
                                       "model_quant_type", "version", "group_size", ...}
     quant_model_weight_w8a8[_dynamic].safetensors
+
+`fmt="compressed-tensors"` writes vLLM's compressed-tensors int8 layout instead (config.json
+`quantization_config`, format "int-quantized"; weights per channel symmetric; activations
+per token dynamic, or per tensor static symmetric: input_scale = max|x| / 127).
 """
 from __future__ import annotations
 
@@ -59,9 +63,13 @@ def _float_bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_checkpoint(src: str, dst: str, scheme: str = "W8A8_DYNAMIC", seed: int = 0,
-                        skip: tuple[str, ...] = ()) -> str:
+                        skip: tuple[str, ...] = (), fmt: str = "modelslim") -> str:
     """Quantise `src` (an HF checkpoint) into `dst`; `skip`: name fragments of Linears to
     keep FLOAT (mixed layers)."""
+    if fmt == "compressed-tensors":
+        return _compressed_tensors(src, dst, scheme, seed, skip)
+    if fmt != "modelslim":
+        raise ValueError(f"fmt={fmt!r}; valid: 'modelslim', 'compressed-tensors'")
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
@@ -119,6 +127,59 @@ def quantize_checkpoint(src: str, dst: str, scheme: str = "W8A8_DYNAMIC", seed: 
     with open(os.path.join(dst, "config.json")) as f:
         config = json.load(f)
     config.pop("quantization_config", None)  # as ModelSlim's saver does
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    return dst
+
+
+def _load(src: str, skip: tuple[str, ...]):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    linears = {name: m for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and name.startswith("model.layers.")
+               and not any(s in name for s in skip)}
+    return model, linears
+
+
+def _compressed_tensors(src: str, dst: str, scheme: str, seed: int,
+                        skip: tuple[str, ...]) -> str:
+    from safetensors.torch import save_file
+
+    if os.path.exists(os.path.join(dst, "config.json")):
+        return dst
+    model, linears = _load(src, skip)
+    ranges = _input_ranges(model, linears, model.config.vocab_size, seed) \
+        if scheme == "W8A8" else {}
+    tensors = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    for name, lin in linears.items():
+        w = lin.weight.detach().float()
+        w_scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
+        tensors[f"{name}.weight"] = torch.round(w / w_scale[:, None]).clamp(-128, 127).to(
+            torch.int8)
+        tensors[f"{name}.weight_scale"] = w_scale[:, None].clone()
+        if scheme == "W8A8":
+            lo, hi = ranges[name]
+            tensors[f"{name}.input_scale"] = torch.tensor(
+                [max(abs(lo), abs(hi), 1e-12) / 127], dtype=torch.float32)
+    weights = dict(num_bits=8, type="int", strategy="channel", symmetric=True, dynamic=False)
+    inputs = dict(num_bits=8, type="int", symmetric=True,
+                  strategy="tensor" if scheme == "W8A8" else "token",
+                  dynamic=scheme != "W8A8")
+    os.makedirs(dst, exist_ok=True)
+    save_file(tensors, os.path.join(dst, "model.safetensors"))
+    for name in COPIED:
+        if os.path.exists(os.path.join(src, name)):
+            shutil.copy(os.path.join(src, name), dst)
+    with open(os.path.join(dst, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = dict(
+        quant_method="compressed-tensors", format="int-quantized",
+        ignore=["lm_head"] + [n for n, m in model.named_modules()
+                              if isinstance(m, torch.nn.Linear) and n not in linears
+                              and n != "lm_head"],
+        config_groups={"group_0": dict(targets=["Linear"], weights=weights,
+                                       input_activations=inputs)})
     with open(os.path.join(dst, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
     return dst
