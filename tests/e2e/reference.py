@@ -15,10 +15,8 @@ def _model(path: str, overrides: tuple = ()):
 
 
 @torch.inference_mode()
-def hf_greedy(path: str, prompt_ids: list[int], max_tokens: int,
-              **config_overrides) -> list[int]:
-    """`max_tokens` greedy tokens after `prompt_ids` (EOS ignored, as with ignore_eos)."""
-    model = _model(path, tuple(sorted(config_overrides.items())))
+def greedy(model, prompt_ids: list[int], max_tokens: int) -> list[int]:
+    """`max_tokens` greedy tokens of an HF-style causal LM (EOS ignored), with its cache."""
     out = model(torch.tensor([prompt_ids]), use_cache=True)
     generated: list[int] = []
     for _ in range(max_tokens):
@@ -27,6 +25,13 @@ def hf_greedy(path: str, prompt_ids: list[int], max_tokens: int,
         out = model(torch.tensor([[token]]), past_key_values=out.past_key_values,
                     use_cache=True)
     return generated
+
+
+def hf_greedy(path: str, prompt_ids: list[int], max_tokens: int,
+              **config_overrides) -> list[int]:
+    """`max_tokens` greedy tokens after `prompt_ids` (EOS ignored, as with ignore_eos)."""
+    return greedy(_model(path, tuple(sorted(config_overrides.items()))), prompt_ids,
+                  max_tokens)
 
 
 def tokenize(path: str, text: str) -> list[int]:

@@ -11,6 +11,8 @@ import os
 
 import torch
 
+from tests.e2e.reference import greedy
+
 
 class FakeQuantLinear(torch.nn.Module):
     """`row_shards` > 1: a row-parallel layer under tensor parallelism, as the ranks run
@@ -114,18 +116,9 @@ def _fake_quant_model(path: str, tp: int = 1):
     return model
 
 
-@torch.inference_mode()
 def fake_quant_greedy(path: str, prompt_ids: list[int], max_tokens: int,
                       tp: int = 1) -> list[int]:
-    model = _fake_quant_model(path, tp)
-    out = model(torch.tensor([prompt_ids]), use_cache=True)
-    generated: list[int] = []
-    for _ in range(max_tokens):
-        token = int(out.logits[0, -1].argmax())
-        generated.append(token)
-        out = model(torch.tensor([[token]]), past_key_values=out.past_key_values,
-                    use_cache=True)
-    return generated
+    return greedy(_fake_quant_model(path, tp), prompt_ids, max_tokens)
 
 
 @torch.inference_mode()

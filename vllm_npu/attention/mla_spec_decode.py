@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from vllm_npu import ops
 
 
 def query_ends_if_multi_token(query_start_loc_cpu: torch.Tensor, num_decodes: int):
@@ -41,18 +40,6 @@ def fia_args(q_nope: torch.Tensor, q_rope: torch.Tensor, nope: torch.Tensor,
         num_key_value_heads=1, input_layout="TND", atten_mask=mask, sparse_mode=3,
         scale=scale, block_table=block_table, block_size=bs,
         actual_seq_lengths=query_ends, actual_seq_lengths_kv=seq_lens)
-
-
-def run(call: tuple[tuple, dict], out: torch.Tensor, lse: torch.Tensor,
-        workspace: torch.Tensor | None) -> None:
-    args, kwargs = call
-    ops.npu_fused_infer_attention_score_out(*args, out=[out, lse], workspace=workspace,
-                                            **kwargs)
-
-
-def max_workspace(call: tuple[tuple, dict]) -> torch.Tensor:
-    args, kwargs = call
-    return ops._npu_fused_infer_attention_score_get_max_workspace(*args, **kwargs)
 
 
 def padded_batch(query_ends: list[int], seq_lens: list[int], block_table: torch.Tensor,

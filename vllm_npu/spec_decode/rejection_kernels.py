@@ -17,7 +17,7 @@ import torch
 
 
 def _layout(cu_num: torch.Tensor, batch: int, width: int):
-    """Start, count, the [batch, width] token index (clamped) and which entries are real."""
+    """Count, the [batch, width] token index (clamped) and which entries are real."""
     cu = cu_num[:batch].long()
     starts = torch.cat([cu.new_zeros(1), cu[:-1]])
     counts = cu - starts
@@ -25,7 +25,7 @@ def _layout(cu_num: torch.Tensor, batch: int, width: int):
     valid = pos[None, :] < counts[:, None]
     index = starts[:, None] + pos[None, :]
     last = max(int(cu[-1]) - 1, 0) if batch else 0
-    return starts, counts, index.clamp(max=last), valid
+    return counts, index.clamp(max=last), valid
 
 
 def _gather(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -54,7 +54,7 @@ def rejection_greedy_sample_kernel(output_token_ids_ptr, cu_num_draft_tokens_ptr
                                    SYNTHETIC_MODE=False):
     out = output_token_ids_ptr
     batch = out.shape[0]
-    _, counts, index, valid = _layout(cu_num_draft_tokens_ptr, batch, max_spec_len)
+    counts, index, valid = _layout(cu_num_draft_tokens_ptr, batch, max_spec_len)
     draft = _gather(draft_token_ids_ptr, index).long()
     target = _gather(target_argmax_ptr, index).long()
     if SYNTHETIC_MODE:
@@ -76,7 +76,7 @@ def rejection_random_sample_kernel(output_token_ids_ptr, cu_num_draft_tokens_ptr
                                    NO_DRAFT_PROBS=False, SYNTHETIC_MODE=False):
     out = output_token_ids_ptr
     batch = out.shape[0]
-    _, counts, index, valid = _layout(cu_num_draft_tokens_ptr, batch, max_spec_len)
+    counts, index, valid = _layout(cu_num_draft_tokens_ptr, batch, max_spec_len)
     if draft_token_ids_ptr.numel() == 0:  # no drafts: every non-greedy row takes its bonus
         _write(out, ~is_greedy_ptr[:batch].bool(), counts, valid, valid, valid.long(),
                bonus_token_ids_ptr)
