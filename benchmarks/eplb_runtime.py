@@ -128,7 +128,7 @@ def _migrate_worker(rank: int, world: int, port: int, args, out) -> None:
         inter = hidden // 2
         w13 = torch.randn(slots, 2 * inter, hidden)
         w2 = torch.randn(slots, hidden, inter)
-        loader = D2DExpertWeightLoader(group, w13, w2, slots, timeout_s=600)
+        loader = D2DExpertWeightLoader(group, (w13, w2), slots, timeout_s=600)
         old = _placements(rng, args.experts, world, slots)
         new = _placements(rng, args.experts, world, slots) if swaps is None else \
             _swapped(rng, old, swaps)

@@ -20,7 +20,7 @@ import torch
 from timing import median_ms  # benchmarks/ is the script's path entry
 
 from vllm_npu.moe.expert_map import ExpertPlacement, to_physical
-from vllm_npu.moe.experts import run_local_experts
+from vllm_npu.moe.experts import FloatExperts, run_local_experts
 from vllm_npu.moe.routing import select_experts
 from vllm_npu.ops.sim.graph import SimGraph
 
@@ -36,7 +36,8 @@ def _layer(experts: int, top_k: int) -> SimpleNamespace:
 def moe_forward(layer, x, logits, w13, w2, tables):
     weights, ids = select_experts(layer, logits)
     slots = to_physical(ids, *tables)
-    return run_local_experts(x, weights.to(x.dtype), slots, w13, w2, 0, w13.shape[0])
+    return run_local_experts(x, weights.to(x.dtype), slots, FloatExperts(w13, w2), 0,
+                             w13.shape[0])
 
 
 def op_table(args) -> list[str]:

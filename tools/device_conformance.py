@@ -225,6 +225,25 @@ def _quant_dynamic(ops, dev, dtype, gen):
     return [x_q.to(torch.int32), token_scale, y]
 
 
+def _quant_grouped(ops, dev, dtype, gen):
+    """init_routing_v2 -> npu_dynamic_quant -> per-token int8 grouped matmul (W8A8_DYNAMIC
+    MoE experts, float32 per-channel scales)."""
+    tokens, hidden, inter, experts, k = 6, 64, 32, 4, 2
+    x = _randn(gen, tokens, hidden, dtype=dtype, dev=dev)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)])
+    expanded, _, counts, _ = ops.npu_moe_init_routing_v2(
+        x, ids.to(torch.int32).to(dev), active_num=tokens * k, expert_num=experts,
+        expert_tokens_num_type=1, expert_tokens_num_flag=True,
+        active_expert_range=[0, experts], row_idx_type=0)
+    x_q, token_scale = ops.npu_dynamic_quant(expanded)
+    w = _int8(gen, experts, hidden, inter, dev=dev)
+    scale = (torch.rand(experts, inter, generator=gen) * 0.01).to(dev)
+    y = ops.npu_grouped_matmul([x_q], [w], scale=[scale], per_token_scale=[token_scale],
+                               group_list=counts, split_item=2, group_type=0,
+                               group_list_type=1, output_dtype=dtype)[0]
+    return [x_q.to(torch.int32), token_scale, y]
+
+
 def _graph_round_trip(ops, dev, dtype, gen, backend):
     """Capture a paged-attention task at lengths A, update it to B, replay: equals eager B."""
     args = _paged_args(gen, dtype, dev, [300, 17])
@@ -268,6 +287,7 @@ CASES = [
     # int8 codes may differ by one where x / scale lands on .5 (rounding mode unverified)
     Case("npu_quantize+npu_quant_matmul[static]", _quant_static, atol=1.0),
     Case("npu_dynamic_quant+npu_quant_matmul[pertoken]", _quant_dynamic, atol=1.0),
+    Case("npu_dynamic_quant+npu_grouped_matmul[pertoken int8]", _quant_grouped, atol=1.0),
 ]
 GRAPH_CASE = "graph:paged_attention capture/update/replay"
 

@@ -430,7 +430,7 @@ def t_eplb_transfer(ctx, seed: int, fault: str = "", timeout_s: float = 30.0) ->
     comm = NPUCommunicator(dist.group.WORLD, torch.device("cpu"))
     try:
         group = EPGroup(dist.group.WORLD, comm, rank, world, list(range(world)), 1)
-        loader = D2DExpertWeightLoader(group, *weights, slots, timeout_s)
+        loader = D2DExpertWeightLoader(group, weights, slots, timeout_s)
         transfers = plan_transfers(old, new, slots)
         error = loader.transfer(7, weights, transfers)
         if error is None:

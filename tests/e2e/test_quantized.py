@@ -1,5 +1,7 @@
 """Int8 checkpoints on the simulated NPU: ModelSlim W8A8 (static) and W8A8_DYNAMIC
-(`--quantization ascend`, detected) and vLLM's compressed-tensors int8 W8A8.
+(`--quantization ascend`, detected) and vLLM's compressed-tensors int8 W8A8; MoE models
+with W8A8_DYNAMIC experts (Qwen3-MoE; DeepSeek-V3 with MLA, shared expert and static W8A8
+attention, as ModelSlim writes its W8A8 MoE checkpoints).
 
 Checkpoints come from `tools/quantize_w8a8.py` (vllm_npu.testing.quantize_w8a8) applied to
 the tiny local models; the reference is the same model in plain PyTorch with every
@@ -20,16 +22,36 @@ import torch
 from tests.e2e.engine import generate, make_llm, shutdown, vocab
 from tests.e2e.reference import hf_greedy, random_prompt
 from tests.e2e.reference_quant import fake_quant_greedy, teacher_forced_mismatches
+from vllm_npu.testing.tiny_model import DEEPSEEK_V3_MOE
 
 MS, CT = "modelslim", "compressed-tensors"
 CASES = [("llama", "W8A8", "eager", MS), ("llama", "W8A8", "graph", MS),
          ("llama", "W8A8_DYNAMIC", "eager", MS), ("llama", "W8A8_DYNAMIC", "graph", MS),
          ("qwen2", "W8A8", "graph", MS), ("qwen2", "W8A8_DYNAMIC", "eager", MS),  # qkv bias
-         ("llama", "W8A8", "graph", CT), ("qwen2", "W8A8_DYNAMIC", "eager", CT)]
+         ("llama", "W8A8", "graph", CT), ("qwen2", "W8A8_DYNAMIC", "eager", CT),
+         ("qwen3_moe", "W8A8_DYNAMIC", "eager", MS), ("dsv3_moe", "W8A8", "graph", MS)]
+MOE_MODELS = {"qwen3_moe": dict(arch="qwen3_moe"),
+              "dsv3_moe": dict(arch="deepseek_v3", **DEEPSEEK_V3_MOE)}
 
 
 @pytest.fixture(scope="module")
-def quantized(tiny_models, tmp_path_factory):
+def float_model(tiny_models, tmp_path_factory):
+    """The float checkpoint of an arch (the MoE ones built on first use)."""
+    from vllm_npu.testing.tiny_model import build_tiny_model
+
+    built = dict(tiny_models)
+
+    def get(arch: str) -> str:
+        if arch not in built:
+            built[arch] = build_tiny_model(str(tmp_path_factory.mktemp(arch) / arch),
+                                           **MOE_MODELS[arch])
+        return built[arch]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def quantized(float_model, tmp_path_factory):
     from vllm_npu.testing.quantize_w8a8 import quantize_checkpoint
 
     root = tmp_path_factory.mktemp("quant")
@@ -38,7 +60,7 @@ def quantized(tiny_models, tmp_path_factory):
     def get(arch: str, scheme: str, fmt: str = MS) -> str:
         if (arch, scheme, fmt) not in cache:
             cache[arch, scheme, fmt] = quantize_checkpoint(
-                tiny_models[arch], str(root / f"{arch}-{scheme}-{fmt}"), scheme, fmt=fmt)
+                float_model(arch), str(root / f"{arch}-{scheme}-{fmt}"), scheme, fmt=fmt)
         return cache[arch, scheme, fmt]
 
     return get
@@ -58,7 +80,7 @@ def engine(request, quantized, parity_dtype):
     shutdown(llm)
 
 
-def test_tokens_match_the_fake_quant_reference(engine, tiny_models):
+def test_tokens_match_the_fake_quant_reference(engine, float_model):
     """Greedy tokens equal the reference's. Int8 rounding turns float noise of 1e-7
     (chunked vs whole-prompt attention) into whole quanta now and then, so where the
     reference itself is a near tie (top-2 logits within 0.02) the runner-up may win:
@@ -72,26 +94,34 @@ def test_tokens_match_the_fake_quant_reference(engine, tiny_models):
         if tokens != fake_quant_greedy(path, prompt, 24):
             wrong, ties = teacher_forced_mismatches(path, prompt, tokens)
             assert wrong == len(ties) <= 1, (wrong, ties)
-    float_tokens = [hf_greedy(tiny_models[arch], p, 24) for p in prompts]
+    float_tokens = [hf_greedy(float_model(arch), p, 24) for p in prompts]
     assert got != float_tokens  # the int8 arithmetic really ran
 
 
 def test_quantised_layers_hold_int8_weights(engine):
-    """Weight memory of the quantised Linears: int8 plus per-channel scales, about a
-    quarter of the float32 weights they replace."""
+    """Weight memory of the quantised Linears and MoE experts: int8 plus per-channel
+    scales, about a quarter of the float32 weights they replace."""
     arch, scheme, mode, fmt, path, llm = engine
     model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.get_model()
-    held = replaced = 0
+    held = {"linear": 0, "experts": 0}
+    replaced = dict(held)
     for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if isinstance(weight, torch.Tensor) and weight.dtype == torch.int8:
-            held += sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
-            replaced += weight.numel() * 4
-    assert replaced > 0
-    # int8 weights + float32 scales / int32 quant_bias per output channel (k = 128..256)
-    assert held / replaced < 0.30, (held, replaced)
-    print(f"{arch} {scheme} {fmt}: quantised Linears hold {held} bytes for {replaced} bytes of "
-          f"float32 weights ({held / replaced:.3f})")
+        own = dict(module.named_parameters(recurse=False))
+        int8 = [p for name, p in own.items()
+                if name in ("weight", "w13_weight", "w2_weight") and p.dtype == torch.int8]
+        if int8:
+            kind = "experts" if "w13_weight" in own else "linear"
+            held[kind] += sum(p.numel() * p.element_size() for p in own.values())
+            replaced[kind] += sum(p.numel() * 4 for p in int8)
+    assert replaced["linear"] > 0
+    assert (replaced["experts"] > 0) == ("moe" in arch)
+    for kind in held:
+        if replaced[kind]:
+            # int8 weights + float32 scales / int32 quant_bias per output channel
+            assert held[kind] / replaced[kind] < 0.30, (kind, held, replaced)
+            print(f"{arch} {scheme} {fmt}: quantised {kind} hold {held[kind]} bytes for "
+                  f"{replaced[kind]} bytes of float32 weights "
+                  f"({held[kind] / replaced[kind]:.3f})")
 
 
 def _edited_checkpoint(src: str, dst, edit_desc=None, edit_tensors=None) -> str:
@@ -146,3 +176,27 @@ def test_bad_checkpoints_are_refused_at_load(quantized, tiny_models, tmp_path):
                                  edit_desc=lambda d: d.update(kv_quant_type="C8"))
     with pytest.raises(ValueError, match="kv_quant_type='C8'.*not supported"):
         _load(kv_int8)
+
+
+def test_bad_moe_checkpoints_are_refused_at_load(quantized, tmp_path):
+    experts = "model.layers.1.mlp.experts"
+    src = quantized("qwen3_moe", "W8A8_DYNAMIC")
+    static = _edited_checkpoint(
+        src, tmp_path / "static",
+        edit_desc=lambda d: d.update({f"{experts}.3.up_proj.weight": "W8A8"}))
+    with pytest.raises(ValueError, match=rf"experts of {experts} have schemes "
+                                         r"\['W8A8', 'W8A8_DYNAMIC'\]"):
+        _load(static)
+    no_scale = _edited_checkpoint(
+        src, tmp_path / "noscale",
+        edit_tensors=lambda t: t.pop(f"{experts}.2.up_proj.weight_scale"))
+    with pytest.raises(ValueError, match=rf"W8A8_DYNAMIC MoE layer {experts}: w13 "
+                                         r"weight_scale missing .* for experts \[2\]"):
+        _load(no_scale)
+    floats = _edited_checkpoint(
+        src, tmp_path / "float",
+        edit_tensors=lambda t: t.update({f"{experts}.5.down_proj.weight":
+                                         t[f"{experts}.5.down_proj.weight"].float()}))
+    with pytest.raises(ValueError, match=rf"{experts}.w2_weight of expert 5 \(w2\) is "
+                                         "torch.float32; the quantised experts need int8"):
+        _load(floats)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm_npu.moe.experts import run_local_experts
+from vllm_npu.moe.experts import FloatExperts, run_local_experts
 from vllm_npu.ops.sim import (
     npu_grouped_matmul,
     npu_moe_gating_top_k,
@@ -223,14 +223,52 @@ def test_local_experts_match_dense_moe(routing):
     weights = torch.rand(tokens, k, generator=_gen(9))
     ids = ids.to(torch.int32)
     ref = _dense_moe(x, weights, ids, w13, w2)
-    full = run_local_experts(x, weights, ids, w13, w2, 0, experts)
+    full = run_local_experts(x, weights, ids, FloatExperts(w13, w2), 0, experts)
     torch.testing.assert_close(full, ref, atol=1e-5, rtol=1e-5)
     half = experts // 2
-    parts = [run_local_experts(x, weights, ids, w13[r * half:(r + 1) * half],
-                               w2[r * half:(r + 1) * half], r * half, experts)
+    parts = [run_local_experts(x, weights, ids, FloatExperts(w13[r * half:(r + 1) * half],
+                                                             w2[r * half:(r + 1) * half]),
+                               r * half, experts)
              for r in range(2)]
     torch.testing.assert_close(parts[0] + parts[1], ref, atol=1e-5, rtol=1e-5)
     assert not any(torch.isnan(p).any() for p in parts)  # undefined rows never leak
+
+
+def test_int8_local_experts_match_the_fake_quant_loop():
+    """W8A8_DYNAMIC experts (int8 weights, per-channel scales, per-token activations)
+    equal tests/e2e/reference_quant's per-token, per-expert loop; split over two 'ranks'
+    the partial outputs sum to it."""
+    from tests.e2e.reference_quant import FakeQuantExperts
+    from vllm_npu.moe.experts import Int8Experts
+
+    experts, k, tokens, hidden, inter = 6, 2, 17, 16, 8
+    w13, w2 = _experts(experts, hidden, inter)
+    q13 = torch.round(w13 / (w13.abs().amax(-1, keepdim=True) / 127)).to(torch.int8)
+    s13 = (w13.abs().amax(-1) / 127)
+    q2 = torch.round(w2 / (w2.abs().amax(-1, keepdim=True) / 127)).to(torch.int8)
+    s2 = (w2.abs().amax(-1) / 127)
+    ckpt = {}
+    for e in range(experts):
+        p = f"experts.{e}"
+        ckpt.update({f"{p}.gate_proj.weight": q13[e, :inter], f"{p}.up_proj.weight": q13[e, inter:],
+                     f"{p}.down_proj.weight": q2[e], f"{p}.gate_proj.weight_scale": s13[e, :inter],
+                     f"{p}.up_proj.weight_scale": s13[e, inter:],
+                     f"{p}.down_proj.weight_scale": s2[e]})
+    x = torch.randn(tokens, hidden, generator=_gen(8))
+    x[3] = 0.0  # a zero row quantises to zeros
+    ids = torch.stack([torch.randperm(experts, generator=_gen(300 + t))[:k]
+                       for t in range(tokens)]).to(torch.int32)
+    weights = torch.rand(tokens, k, generator=_gen(9))
+    ref = FakeQuantExperts(ckpt, "experts")(x, ids, weights)
+    full = run_local_experts(x, weights, ids, Int8Experts(q13, q2, s13, s2), 0, experts)
+    torch.testing.assert_close(full, ref, atol=1e-6, rtol=1e-6)
+    half = experts // 2
+    shards = [Int8Experts(*(t[r * half:(r + 1) * half] for t in (q13, q2, s13, s2)))
+              for r in range(2)]
+    parts = [run_local_experts(x, weights, ids, shards[r], r * half, experts)
+             for r in range(2)]
+    torch.testing.assert_close(parts[0] + parts[1], ref, atol=1e-6, rtol=1e-6)
+    assert not (full == 0).all()
 
 
 # ---------------------------------------------------------------------- layer routing

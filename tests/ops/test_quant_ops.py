@@ -130,3 +130,88 @@ def test_quant_matmul_refuses_float_inputs_and_bad_shapes():
                          torch.ones(2), output_dtype=torch.bfloat16)
     with pytest.raises(NPUOpError, match="scales of 3 elements"):
         npu_quantize(torch.ones(2, 4), torch.ones(3), None, torch.qint8, -1)
+
+
+# ------------------------------------------------- grouped matmul, per-token int8 form
+
+def _gmm_int8(x, w, scale, pts, group_list, group_list_type=1, out=torch.float32):
+    from vllm_npu.ops.sim import npu_grouped_matmul
+
+    return npu_grouped_matmul([x], [w], scale=[scale], per_token_scale=[pts],
+                              group_list=group_list, split_item=2, group_type=0,
+                              group_list_type=group_list_type, output_dtype=out)[0]
+
+
+@pytest.mark.parametrize("group_list_type", [0, 1])
+def test_grouped_matmul_per_token_int8_matches_integer_math(group_list_type):
+    """y[r] = (sum_k x[r, k] * w[g, k, n]) * scale[g, n] * pts[r] for row r of group g,
+    with an empty group, saturated inputs (+-127 / -128) and a zero row; rows past the
+    groups stay undefined (NaN)."""
+    g = torch.Generator().manual_seed(7)
+    groups, k, n, rows = 4, 24, 10, 13
+    x = torch.randint(-128, 128, (rows, k), generator=g, dtype=torch.int8)
+    x[0] = 127
+    x[1] = -128
+    x[2] = 0
+    w = torch.randint(-128, 128, (groups, k, n), generator=g, dtype=torch.int8)
+    scale = torch.rand(groups, n, generator=g) * 1e-2
+    pts = torch.rand(rows, generator=g) + 0.5
+    counts = [3, 0, 5, 4]  # 12 of 13 rows; group 1 empty
+    group_list = torch.tensor(counts if group_list_type == 1 else
+                              torch.tensor(counts).cumsum(0).tolist(), dtype=torch.int64)
+    y = _gmm_int8(x, w, scale, pts, group_list, group_list_type)
+    row = 0
+    for grp, count in enumerate(counts):
+        for r in range(row, row + count):
+            for j in range(n):
+                acc = sum(int(x[r, i]) * int(w[grp, i, j]) for i in range(k))
+                want = torch.tensor(acc, dtype=torch.float32) * scale[grp, j] * pts[r]
+                assert float(y[r, j]) == float(want), (r, j)
+        row += count
+    assert torch.isnan(y[12]).all() and not torch.isnan(y[:12]).any()
+    assert (y[2] == 0).all()
+
+
+def test_grouped_matmul_per_token_bf16_output():
+    g = torch.Generator().manual_seed(8)
+    x = torch.randint(-128, 128, (4, 16), generator=g, dtype=torch.int8)
+    w = torch.randint(-128, 128, (2, 16, 8), generator=g, dtype=torch.int8)
+    scale = (torch.rand(2, 8, generator=g) * 1e-2).to(torch.bfloat16)
+    pts = torch.rand(4, generator=g)
+    y = _gmm_int8(x, w, scale, pts, torch.tensor([2, 2]), out=torch.bfloat16)
+    want = torch.cat([(x[:2].double() @ w[0].double()).float() * scale[0].float() * pts[:2, None],
+                      (x[2:].double() @ w[1].double()).float() * scale[1].float() * pts[2:, None]])
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y, want.to(torch.bfloat16), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(scale=torch.ones(2, 8, dtype=torch.int64)), "scale is float32 or bfloat16"),
+    (dict(scale=torch.ones(2, 8, dtype=torch.bfloat16), out=torch.float16),
+     "a bfloat16 scale goes with bfloat16 output"),
+    (dict(pts=torch.ones(4, dtype=torch.float16)), "per_token_scale must be float32"),
+    (dict(out=torch.int8), "output_dtype torch.int8"),
+    (dict(w=torch.ones(2, 16, 8)), "an int8 x needs an int8 weight"),
+    (dict(scale=torch.ones(2, 7)), r"scale must be one \[2, 8\] tensor"),
+    (dict(pts=torch.ones(3)), r"per_token_scale one \[4\] tensor"),
+])
+def test_grouped_matmul_per_token_refuses_what_the_device_refuses(change, match):
+    args = dict(x=torch.ones(4, 16, dtype=torch.int8), w=torch.ones(2, 16, 8, dtype=torch.int8),
+                scale=torch.ones(2, 8), pts=torch.ones(4), out=torch.float32)
+    args.update(change)
+    with pytest.raises(NPUOpError, match=match):
+        _gmm_int8(args["x"], args["w"], args["scale"], args["pts"], torch.tensor([2, 2]),
+                  out=args["out"])
+
+
+def test_grouped_matmul_int8_needs_its_scales_and_float_needs_none():
+    from vllm_npu.ops.sim import npu_grouped_matmul
+
+    x8, w8 = torch.ones(4, 16, dtype=torch.int8), torch.ones(2, 16, 8, dtype=torch.int8)
+    with pytest.raises(NPUOpError, match="needs scale=.*per_token_scale"):
+        npu_grouped_matmul([x8], [w8], group_list=torch.tensor([2, 2]), split_item=2,
+                           group_type=0, group_list_type=1, output_dtype=torch.float32)
+    with pytest.raises(NPUOpError, match="only the unquantized and the per-token int8"):
+        npu_grouped_matmul([torch.ones(4, 16)], [torch.ones(2, 16, 8)],
+                           scale=[torch.ones(2, 8)], group_list=torch.tensor([2, 2]),
+                           split_item=2, group_type=0, group_list_type=1)

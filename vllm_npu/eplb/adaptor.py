@@ -3,6 +3,7 @@
     model ──> MoE layers (RoutedExperts whose method is the NPU fused-MoE method), by
               decoder layer id, each with
                 weights    w13 [S, 2I, H], w2 [S, H, I]   this rank's S physical slots
+                           (int8 experts: also their per-channel scales [S, 2I], [S, H])
                 placement  phy2log over all EP ranks (ExpertPlacement)
                 load       int64 [ep*S] pairs routed to each physical slot (device counter)
 
@@ -24,11 +25,12 @@ import torch
 class MoELayerView:
     layer_id: int
     layer: torch.nn.Module  # vLLM's RoutedExperts
-    method: torch.nn.Module  # NPUUnquantizedFusedMoEMethod
+    method: torch.nn.Module  # an NPU fused-MoE method (NPUMoEMethodMixin)
 
     @property
-    def weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.layer.w13_weight, self.layer.w2_weight
+    def weights(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor indexed by slot: what moves with an expert."""
+        return self.method.slot_tensors(self.layer)
 
     @property
     def placement(self):
@@ -43,12 +45,12 @@ def moe_layers(model: torch.nn.Module) -> list[MoELayerView]:
     """The model's MoE layers on the NPU fused-MoE method, by decoder layer id."""
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 
-    from vllm_npu.ops.layers.fused_moe import NPUUnquantizedFusedMoEMethod
+    from vllm_npu.ops.layers.fused_moe import NPUMoEMethodMixin
 
     views = [MoELayerView(m.quant_method.layer_id, m, m.quant_method)
              for m in model.modules()
              if isinstance(m, RoutedExperts)
-             and isinstance(m.quant_method, NPUUnquantizedFusedMoEMethod)]
+             and isinstance(m.quant_method, NPUMoEMethodMixin)]
     return sorted(views, key=lambda v: v.layer_id)
 
 

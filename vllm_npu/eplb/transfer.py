@@ -67,7 +67,7 @@ def plan_transfers(old: Sequence[int], new: Sequence[int],
 
 
 def slot_bytes(weights: tuple[torch.Tensor, ...]) -> int:
-    """Bytes of one physical slot's expert weights (w13 and w2)."""
+    """Bytes of one physical slot's expert tensors (w13 and w2, and scales if int8)."""
     return sum(w[0].numel() * w.element_size() for w in weights)
 
 
@@ -108,10 +108,10 @@ class EPGroup:
 class D2DExpertWeightLoader:
     """Moves one layer at a time into staging buffers shaped like one layer's weights."""
 
-    def __init__(self, group: EPGroup, w13: torch.Tensor, w2: torch.Tensor,
+    def __init__(self, group: EPGroup, weights: tuple[torch.Tensor, ...],
                  slots_per_rank: int, timeout_s: float) -> None:
         self.group, self.slots_per_rank, self.timeout_s = group, slots_per_rank, timeout_s
-        self.staging = (torch.empty_like(w13), torch.empty_like(w2))
+        self.staging = tuple(torch.empty_like(w) for w in weights)
         self.faults = list(envs.NPU_EPLB_FAIL_TRANSFER.get())
 
     def bytes_moved(self, weights: tuple[torch.Tensor, ...], transfers: list[Transfer]) -> int:
@@ -119,7 +119,7 @@ class D2DExpertWeightLoader:
         return slot_bytes(weights) * sum(1 for t in transfers
                                          if t.dst_rank == self.group.rank and not t.local)
 
-    def transfer(self, layer_id: int, weights: tuple[torch.Tensor, torch.Tensor],
+    def transfer(self, layer_id: int, weights: tuple[torch.Tensor, ...],
                  transfers: list[Transfer]) -> str | None:
         """Fill the staging slots this rank receives. None when complete, else why not."""
         me, first = self.group.rank, self.group.rank * self.slots_per_rank
@@ -147,7 +147,7 @@ class D2DExpertWeightLoader:
             return f"timed out after {elapsed:.2f} s (transfer_timeout_s {self.timeout_s:g})"
         return None
 
-    def commit(self, weights: tuple[torch.Tensor, torch.Tensor],
+    def commit(self, weights: tuple[torch.Tensor, ...],
                transfers: list[Transfer]) -> None:
         first = self.group.rank * self.slots_per_rank
         for t in transfers:
@@ -162,7 +162,7 @@ class D2DExpertWeightLoader:
         fault = hits[0]
         self.faults.remove(fault)  # once
         for stage in self.staging:
-            stage.fill_(float("nan"))
+            stage.fill_(float("nan") if stage.is_floating_point() else -1)
         if fault.kind == "timeout":
             time.sleep(self.timeout_s * 1.1)
             return

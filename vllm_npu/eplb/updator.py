@@ -70,8 +70,7 @@ class EplbUpdator:
             raise ValueError(f"MoE placement over {first.ep_size} ranks, EP group of "
                              f"{group.size}")
         self.recorder = LoadRecorder(self.views, options.window_size)
-        w13, w2 = self.views[0].weights
-        self.loader = D2DExpertWeightLoader(group, w13, w2, first.slots_per_rank,
+        self.loader = D2DExpertWeightLoader(group, self.views[0].weights, first.slots_per_rank,
                                             options.transfer_timeout_s)
         self.policy = get_policy(options.policy, **options.policy_options)
         self._planner = (ThreadPoolExecutor(1, thread_name_prefix="eplb-plan")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_npu.moe.experts import run_local_experts
+from vllm_npu.moe.experts import Experts, run_local_experts
 
 logger = logging.getLogger("vllm.npu")
 
@@ -71,7 +71,7 @@ def dp_sizes() -> list[int] | None:
     return None if meta is None else meta.num_tokens_across_dp_cpu.tolist()
 
 
-def all_gather_experts(x, weights, slots, w13, w2, layout: EPLayout,
+def all_gather_experts(x, weights, slots, experts: Experts, layout: EPLayout,
                        sizes: list[int] | None) -> torch.Tensor:
     """`sizes`: every DP rank's token count (None without DP)."""
     if sizes is not None:
@@ -79,7 +79,7 @@ def all_gather_experts(x, weights, slots, w13, w2, layout: EPLayout,
 
         dp = get_dp_group()
         x, weights, slots = (dp.all_gatherv(t, 0, sizes) for t in (x, weights, slots))
-    out = run_local_experts(x, weights, slots, w13, w2, layout.first_slot,
+    out = run_local_experts(x, weights, slots, experts, layout.first_slot,
                             layout.num_physical)
     if sizes is not None:
         out = dp.reduce_scatterv(out, 0, sizes)
@@ -91,7 +91,7 @@ def _share(num_tokens: int, rank: int, size: int) -> tuple[int, int]:
     return min(rank * per, num_tokens), min((rank + 1) * per, num_tokens)
 
 
-def all_to_all_experts(x, weights, slots, w13, w2, layout: EPLayout) -> torch.Tensor:
+def all_to_all_experts(x, weights, slots, experts: Experts, layout: EPLayout) -> torch.Tensor:
     """Each token goes once to every rank holding one of its experts (with its top-k
     slots and weights); that rank returns the weighted sum of its own experts' outputs;
     the origin adds the returned rows up."""
@@ -115,7 +115,7 @@ def all_to_all_experts(x, weights, slots, w13, w2, layout: EPLayout) -> torch.Te
         return comm.all_to_all_v(out, t[token].contiguous(), recv, send)
 
     got_x, got_w, got_slots = exchange(xs), exchange(ws), exchange(ss)
-    done = (run_local_experts(got_x, got_w, got_slots, w13, w2, layout.first_slot,
+    done = (run_local_experts(got_x, got_w, got_slots, experts, layout.first_slot,
                               layout.num_physical) if n else got_x)
     back = xs.new_empty((token.numel(), xs.shape[1]))
     comm.all_to_all_v(back, done, send, recv)

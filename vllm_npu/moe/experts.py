@@ -1,8 +1,12 @@
 """The grouped expert computation of one rank, all op-surface calls with static shapes:
 
     pairs (t, j) -> npu_moe_init_routing_v2 -> rows sorted by physical expert, counts
-                 -> npu_grouped_matmul(w13) -> npu_swiglu -> npu_grouped_matmul(w2)
-                 -> npu_moe_token_unpermute(probs = routing weights) -> [T, H]
+                 -> experts.mlp(rows, counts) -> npu_moe_token_unpermute(probs) -> [T, H]
+
+    float   npu_grouped_matmul(w13) -> npu_swiglu -> npu_grouped_matmul(w2)
+    int8    (W8A8_DYNAMIC, as vllm-ascend's quantised MoE MLP)
+            npu_dynamic_quant -> npu_grouped_matmul(int8 w13, scale, per_token_scale)
+            -> npu_swiglu -> npu_dynamic_quant -> npu_grouped_matmul(int8 w2, ...)
 
 Pairs routed outside this rank's slots [first, first + count) are dropped by the routing
 op; they add nothing. Rows past the kept pairs are undefined after the grouped matmuls
@@ -10,28 +14,67 @@ op; they add nothing. Rows past the kept pairs are undefined after the grouped m
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from vllm_npu import ops
 
 
+def _gmm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, **quant) -> torch.Tensor:
+    return ops.npu_grouped_matmul([x], [w.transpose(1, 2)], group_list=counts, split_item=2,
+                                  group_type=0, group_list_type=1, **quant)[0]
+
+
+@dataclass(frozen=True)
+class FloatExperts:
+    """w13 [S, 2I, H] and w2 [S, H, I] (vLLM's layout; the matmuls take them transposed)."""
+    w13: torch.Tensor
+    w2: torch.Tensor
+
+    @property
+    def num_slots(self) -> int:
+        return self.w13.shape[0]
+
+    def mlp(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        return _gmm(ops.npu_swiglu(_gmm(rows, self.w13, counts)), self.w2, counts)
+
+
+@dataclass(frozen=True)
+class Int8Experts:
+    """int8 w13 [S, 2I, H] and w2 [S, H, I]; per-channel float32 scales [S, 2I] / [S, H].
+    Activations are quantised per token (symmetric) before each grouped matmul."""
+    w13: torch.Tensor
+    w2: torch.Tensor
+    w13_scale: torch.Tensor
+    w2_scale: torch.Tensor
+
+    @property
+    def num_slots(self) -> int:
+        return self.w13.shape[0]
+
+    def mlp(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        out_dtype = rows.dtype
+        rows_q, rows_scale = ops.npu_dynamic_quant(rows)
+        gate_up = _gmm(rows_q, self.w13, counts, scale=[self.w13_scale],
+                       per_token_scale=[rows_scale], output_dtype=out_dtype)
+        act_q, act_scale = ops.npu_dynamic_quant(ops.npu_swiglu(gate_up))
+        return _gmm(act_q, self.w2, counts, scale=[self.w2_scale],
+                    per_token_scale=[act_scale], output_dtype=out_dtype)
+
+
+Experts = FloatExperts | Int8Experts
+
+
 def run_local_experts(x: torch.Tensor, weights: torch.Tensor, slots: torch.Tensor,
-                      w13: torch.Tensor, w2: torch.Tensor, first: int,
-                      num_physical: int) -> torch.Tensor:
-    """x [T, H]; weights [T, k]; slots [T, k] int32 physical ids; w13 [S, 2I, H] and
-    w2 [S, H, I] (vLLM's layout, passed to the grouped matmul transposed)."""
+                      experts: Experts, first: int, num_physical: int) -> torch.Tensor:
+    """x [T, H]; weights [T, k]; slots [T, k] int32 physical ids."""
     num_tokens, top_k = slots.shape
-    local = w13.shape[0]
     expanded, row_idx, counts, _ = ops.npu_moe_init_routing_v2(
         x, slots, active_num=num_tokens * top_k, expert_num=num_physical,
         expert_tokens_num_type=1, expert_tokens_num_flag=True,
-        active_expert_range=[first, first + local], row_idx_type=0)
-    gate_up = ops.npu_grouped_matmul([expanded], [w13.transpose(1, 2)], group_list=counts,
-                                     split_item=2, group_type=0, group_list_type=1)[0]
-    down = ops.npu_grouped_matmul([ops.npu_swiglu(gate_up)], [w2.transpose(1, 2)],
-                                  group_list=counts, split_item=2, group_type=0,
-                                  group_list_type=1)[0]
-    return combine(down, row_idx, counts, weights)
+        active_expert_range=[first, first + experts.num_slots], row_idx_type=0)
+    return combine(experts.mlp(expanded, counts), row_idx, counts, weights)
 
 
 def combine(rows: torch.Tensor, row_idx: torch.Tensor, counts: torch.Tensor,

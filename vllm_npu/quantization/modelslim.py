@@ -6,7 +6,7 @@ tensor name maps to its scheme ("W8A8", "W8A8_DYNAMIC", "FLOAT", ...), plus top-
 ...). The scheme of a Linear is the one of `<prefix>.weight`; a fused vLLM layer
 (qkv_proj, gate_up_proj) takes its shards' common scheme. Layout and keys as ModelSlim's
 savers write them and vllm-ascend reads them (facts and sources:
-shared/notes/quant-w8a8-facts.md). The file is read in `maybe_update_config` (vLLM hands
+docs/quantization.md). The file is read in `maybe_update_config` (vLLM hands
 it the model directory), so neither config.json nor the weights' file names matter.
 """
 from __future__ import annotations
@@ -105,10 +105,15 @@ class AscendModelSlimConfig(QuantizationConfig):
             experts = [k for k in self.description if k.startswith(prefix + ".")
                        and k.endswith(".weight")]
             schemes = {self.description[k] for k in experts}
+            if schemes == {"W8A8_DYNAMIC"}:
+                from vllm_npu.quantization.w8a8_moe import NPUW8A8DynamicFusedMoEMethod
+
+                return NPUW8A8DynamicFusedMoEMethod(layer.moe_config, prefix)
             if schemes - {"FLOAT"}:
-                raise ValueError(f"{DESCRIPTION}: the experts of {prefix} are quantised "
-                                 f"({sorted(schemes)}); quantised MoE layers are not "
-                                 "supported on the NPU platform yet")
+                raise ValueError(f"{DESCRIPTION}: the experts of {prefix} have schemes "
+                                 f"{sorted(schemes)}; the NPU platform runs MoE experts "
+                                 "all W8A8_DYNAMIC or all FLOAT (ModelSlim quantises "
+                                 "experts dynamically, also in W8A8 checkpoints)")
             return UnquantizedFusedMoEMethod(layer.moe_config)
         return None
 

@@ -4,6 +4,7 @@ Per quantised Linear (n outputs, k inputs; shards of fused layers load into thei
 
     W8A8          weight int8 [n, k]; input_scale / input_offset per tensor (one per
                   shard of a fused layer: they see the same input, so they must agree);
+                  weight_scale / weight_offset [n, 1] (written by ModelSlim, unused);
                   deq_scale [n] (float32, or int64 holding float32 bits for fp16 models);
                   quant_bias int32 [n] = round(bias / deq_scale - rowsum(W) * input_offset)
         x_q = npu_quantize(x, input_scale, input_offset)      round(x / s + o), int8
@@ -13,7 +14,7 @@ Per quantised Linear (n outputs, k inputs; shards of fused layers load into thei
         y   = npu_quant_matmul(x_q, W^T, weight_scale, pertoken_scale=t, bias=bias)
 
 Formats from ModelSlim's savers and vllm-ascend's methods (see the facts note
-shared/notes/quant-w8a8-facts.md): the float `bias` of a static layer is already folded
+docs/quantization.md): the float `bias` of a static layer is already folded
 into quant_bias and is not added again; a row-parallel layer adds quant_bias on TP rank 0
 only (the partial sums are all-reduced). Weights are stored transposed, [k, n], as
 npu_quant_matmul takes x2.
@@ -121,6 +122,11 @@ class W8A8LinearMethod(_Int8LinearMethod):
         self._channel(layer, "deq_scale", rows, torch.int64 if as_bits else torch.float32,
                       _deq_scale_loader(loader, as_bits))  # checked inside _channel
         self._channel(layer, "quant_bias", rows, torch.int32, loader)
+        # ModelSlim writes the weights' own per-channel scale / offset for static layers
+        # too (vllm-ascend's W8A8 static method declares them); deq_scale already holds
+        # input_scale * weight_scale, so they are loaded and not used.
+        for name in ("weight_scale", "weight_offset"):
+            self._channel(layer, name, rows, torch.float32, loader, trailing=(1,))
 
     def process_weights_after_loading(self, layer) -> None:
         self._finish_weight(layer)

@@ -7,7 +7,8 @@ This method is monolithic: vLLM's runner hands it router logits, it routes
 moves tokens between expert-parallel ranks and runs its own slots' grouped matmuls.
 Shared experts, the routed scaling vLLM applies to the output, and the final TP
 all-reduce stay with vLLM's runner. No host sync on the all-gather path, so decode
-graphs capture it.
+graphs capture it. The int8 method (quantization/w8a8_moe.py) shares all of it but
+its weights.
 """
 from __future__ import annotations
 
@@ -21,9 +22,8 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
 from vllm_npu.config import get_npu_config
 from vllm_npu.eplb.recorder import count_pairs
 from vllm_npu.moe import dispatch, expert_map
-from vllm_npu.moe.experts import run_local_experts
+from vllm_npu.moe.experts import Experts, FloatExperts, run_local_experts
 from vllm_npu.moe.routing import routing_problems, select_experts
-
 
 
 def _layer_id(layer_name: str) -> int:
@@ -32,8 +32,11 @@ def _layer_id(layer_name: str) -> int:
     return extract_layer_index(layer_name)
 
 
-@UnquantizedFusedMoEMethod.register_oot
-class NPUUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
+class NPUMoEMethodMixin:
+    """What every NPU fused-MoE method shares: the placement of logical experts on
+    physical slots, the expert-parallel layout, the checkpoint loader that fills every slot
+    holding an expert, and the monolithic forward. A method supplies its weights
+    (`create_weights` between `_prepare` and `_finish`) and `experts(layer)`."""
 
     @property
     def is_monolithic(self) -> bool:
@@ -49,15 +52,14 @@ class NPUUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         return False  # the NPU EPLB runtime changes the placement (expert_map.py) instead
 
     # ---- weights ---------------------------------------------------------------------
-    def create_weights(self, layer, num_experts: int, hidden_size: int,
-                       intermediate_size_per_partition: int, params_dtype: torch.dtype,
-                       **extra_weight_attrs):
+    def _prepare(self, layer, extra_weight_attrs: dict) -> int:
+        """Placement and layout; returns the number of local slots to allocate."""
         self._check_supported(layer)
         parallel = self.moe.moe_parallel_config
         ep_size = parallel.ep_size if parallel.use_ep else 1
         logical = self.moe.num_logical_experts
         config = get_npu_config()
-        self.options = options = config.moe  # forward runs without a current config
+        self.options = config.moe  # forward runs without a current config
         self.layer_id = _layer_id(layer.layer_name)
         self.placement = _initial_placement(config, self.layer_id, logical, ep_size)
         # The attention TP group (with EP, vLLM's MoE config reports tp_size 1).
@@ -68,9 +70,9 @@ class NPUUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
             slots_per_rank=self.placement.slots_per_rank)
         self._local = self.placement.local_experts(self.layout.ep_rank)
         extra_weight_attrs["weight_loader"] = self._weight_loader(layer)
-        super().create_weights(layer, len(self._local), hidden_size,
-                               intermediate_size_per_partition, params_dtype,
-                               **extra_weight_attrs)
+        return len(self._local)
+
+    def _finish(self, layer) -> None:
         log2phy, replicas = self.placement.tables(self.placement.max_replicas)
         device = layer.w13_weight.device
         self.log2phy, self.replicas = log2phy.to(device), replicas.to(device)
@@ -78,6 +80,13 @@ class NPUUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         # (EPLB's load window; read by vllm_npu.eplb.adaptor). Counted on the device.
         self.expert_load = torch.zeros(self.placement.num_physical, dtype=torch.int64,
                                        device=device)
+
+    def slot_tensors(self, layer) -> tuple[torch.Tensor, ...]:
+        """Every tensor indexed by local slot (what EPLB moves with an expert)."""
+        return (layer.w13_weight, layer.w2_weight)
+
+    def experts(self, layer) -> Experts:
+        return FloatExperts(layer.w13_weight, layer.w2_weight)
 
     def set_placement(self, placement: expert_map.ExpertPlacement) -> None:
         """Route by a new placement (the EPLB runtime moved the weights first). The
@@ -100,16 +109,25 @@ class NPUUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
                              f"{'; '.join(problems)}")
 
     def _weight_loader(self, layer):
-        """Load checkpoint expert `expert_id` into every local slot that holds it."""
+        """Load checkpoint expert `expert_id` into every local slot that holds it. Per-
+        channel scales / offsets load like their weights' rows, except w2's: its output
+        channels (hidden) are not split by TP, so each rank takes them whole."""
         def load(param, loaded_weight, weight_name, shard_id, expert_id,
                  return_success=False):
             slots = [s for s, e in enumerate(self._local) if e == expert_id]
             if loaded_weight.dim() != 2 or shard_id not in ("w1", "w2", "w3"):
                 raise ValueError(f"{layer.layer_name}: unexpected expert weight "
                                  f"{weight_name} {tuple(loaded_weight.shape)} ({shard_id})")
+            if param.dtype == torch.int8 and loaded_weight.dtype != torch.int8:
+                raise ValueError(f"{weight_name} of expert {expert_id} ({shard_id}) is "
+                                 f"{loaded_weight.dtype}; the quantised experts need int8 "
+                                 "weights")
+            channel = weight_name.endswith(("weight_scale", "weight_offset"))
             tp_rank = layer.moe_config.tp_rank
             for slot in slots:
-                if shard_id == "w2":
+                if shard_id == "w2" and channel:
+                    _copy_checked(layer, weight_name, param.data[slot], loaded_weight)
+                elif shard_id == "w2":
                     layer._load_w2(expert_data=param.data[slot], shard_dim=1,
                                    loaded_weight=loaded_weight, tp_rank=tp_rank)
                 else:
@@ -128,17 +146,36 @@ class NPUUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         slots = expert_map.to_physical(ids, self.log2phy, self.replicas)
         count_pairs(self.expert_load, slots)  # EPLB's load window (graph-capturable)
         weights = weights.to(x.dtype)
-        w13, w2 = layer.w13_weight, layer.w2_weight
+        experts = self.experts(layer)
         layout = self.layout
         if layout.ep_size == 1:
-            return run_local_experts(x, weights, slots, w13, w2, 0, layout.num_physical)
+            return run_local_experts(x, weights, slots, experts, 0, layout.num_physical)
         options = self.options
         sizes = dispatch.dp_sizes() if layout.dp_size > 1 else None
         mode = dispatch.dispatch_mode(options.ep_dispatch, options.all_to_all_min_tokens,
                                       max(sizes) if sizes else x.shape[0], _capturing())
         if mode == "all_to_all":
-            return dispatch.all_to_all_experts(x, weights, slots, w13, w2, layout)
-        return dispatch.all_gather_experts(x, weights, slots, w13, w2, layout, sizes)
+            return dispatch.all_to_all_experts(x, weights, slots, experts, layout)
+        return dispatch.all_gather_experts(x, weights, slots, experts, layout, sizes)
+
+
+@UnquantizedFusedMoEMethod.register_oot
+class NPUUnquantizedFusedMoEMethod(NPUMoEMethodMixin, UnquantizedFusedMoEMethod):
+
+    def create_weights(self, layer, num_experts: int, hidden_size: int,
+                       intermediate_size_per_partition: int, params_dtype: torch.dtype,
+                       **extra_weight_attrs):
+        local = self._prepare(layer, extra_weight_attrs)
+        super().create_weights(layer, local, hidden_size, intermediate_size_per_partition,
+                               params_dtype, **extra_weight_attrs)
+        self._finish(layer)
+
+
+def _copy_checked(layer, name: str, dst: torch.Tensor, src: torch.Tensor) -> None:
+    if tuple(src.shape) != tuple(dst.shape):
+        raise ValueError(f"{layer.layer_name}: {name} of shape {tuple(src.shape)} does not "
+                         f"fit the expert's {tuple(dst.shape)}")
+    dst.copy_(src)
 
 
 def _initial_placement(config, layer_id: int, experts: int,

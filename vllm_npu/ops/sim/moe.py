@@ -8,7 +8,8 @@ functions in `op_plugin/meta/_meta_registrations.py`, and the reference formulas
 
 Rows the device leaves undefined (past the valid count of init_routing_v2 / grouped matmul)
 are NaN here: a caller that reads them un-masked fails in CI as it would read garbage on
-a device. Only the unquantized forms are simulated; quantized arguments are refused.
+a device. The grouped matmul is simulated unquantized and in its per-token int8 form (W8A8
+dynamic MoE experts); other quantized forms are refused.
 """
 from __future__ import annotations
 
@@ -163,12 +164,21 @@ def npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiqua
                        per_token_scale_dtype=None):
     """The MoE form ("single x, single weight, single y", group_type 0): x [M, K] sorted by
     group, weight [E, K, N], group_list int64 [E] (0: cumulative ends, 1: counts).
-    Returns [y [M, N]]; rows past the last group's end are NaN (undefined on the device)."""
+    Returns [y [M, N]]; rows past the last group's end are NaN (undefined on the device).
+
+    Per-token int8 form (formula 3-2 of op-plugin's torch_npu-npu_grouped_matmul.md;
+    aclnnGroupedMatmulV4 added "pertoken + perchannel" dynamic quantisation with bfloat16
+    and float16 output): x int8, weight int8, scale [[E, N]] float32 or bfloat16,
+    per_token_scale [[M]] float32, no bias:  y = (x @ weight[g]) * scale[g] * pts[row]."""
     op = "npu_grouped_matmul"
-    quant = (scale, offset, antiquant_scale, antiquant_offset, per_token_scale,
-             activation_input, activation_quant_scale, activation_quant_offset, output_dtype)
-    if any(a is not None for a in quant) or act_type:
-        raise NPUOpError(f"{op}: quantized / fused-activation forms are not simulated")
+    quantized = x and x[0].dtype == torch.int8
+    unsupported = (offset, antiquant_scale, antiquant_offset, activation_input,
+                   activation_quant_scale, activation_quant_offset)
+    if any(a is not None for a in unsupported) or act_type or (
+            not quantized and (scale is not None or per_token_scale is not None
+                               or output_dtype is not None)):
+        raise NPUOpError(f"{op}: only the unquantized and the per-token int8 forms are "
+                         "simulated (no offset / antiquant / fused activation)")
     if group_type is None:
         raise NPUOpError(f"{op}: Requires manual passing group_type")
     if len(x) != 1 or len(weight) != 1 or group_type != 0 or split_item not in (2, 3):
@@ -176,9 +186,14 @@ def npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiqua
                          f"split_item 2 or 3; got {len(x)} x, {len(weight)} weight, "
                          f"group_type={group_type}, split_item={split_item}")
     x0, w = x[0], weight[0]
-    check_dtype(op, "x", x0)
     check_dim(op, "x", x0, 2)
     check_dim(op, "weight", w, 3)
+    if quantized:
+        out_dtype = _check_per_token_form(op, x0, w, bias, scale, per_token_scale,
+                                          output_dtype)
+    else:
+        check_dtype(op, "x", x0)
+        out_dtype = x0.dtype
     if w.dtype != x0.dtype:
         raise NPUOpError(f"{op}: x is {x0.dtype} but weight is {w.dtype}")
     if not x0.is_contiguous():
@@ -203,16 +218,53 @@ def npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiqua
                          f"non-negative groups within the {x0.shape[0]} rows of x")
     if bias is not None and (len(bias) != 1 or tuple(bias[0].shape) != (groups, n)):
         raise NPUOpError(f"{op}: bias must be one [{groups}, {n}] tensor")
-    out = torch.full((x0.shape[0], n), _UNDEFINED, dtype=x0.dtype)
+    if quantized and (tuple(scale[0].shape) != (groups, n)
+                      or tuple(per_token_scale[0].shape) != (x0.shape[0],)):
+        raise NPUOpError(f"{op}: scale must be one [{groups}, {n}] tensor and per_token_scale "
+                         f"one [{x0.shape[0]}] tensor, got {tuple(scale[0].shape)} / "
+                         f"{tuple(per_token_scale[0].shape)}")
+    out = torch.full((x0.shape[0], n), _UNDEFINED, dtype=out_dtype)
     row = 0
     for g, count in enumerate(counts):
         if count:
-            y = x0[row:row + count].float() @ w[g].float()
-            if bias is not None:
-                y = y + bias[0][g].float()
-            out[row:row + count] = y.to(x0.dtype)
+            if quantized:  # int32 accumulation, exact in float64 at these sizes
+                acc = x0[row:row + count].double() @ w[g].double()
+                y = (acc.float() * scale[0][g].float()
+                     * per_token_scale[0][row:row + count].unsqueeze(1))
+            else:
+                y = x0[row:row + count].float() @ w[g].float()
+                if bias is not None:
+                    y = y + bias[0][g].float()
+            out[row:row + count] = y.to(out_dtype)
             row += count
     return [out]
+
+
+def _check_per_token_form(op, x0, w, bias, scale, per_token_scale, output_dtype):
+    """The dtype rules of the per-token int8 form; returns the output dtype."""
+    if w.dtype != torch.int8:
+        raise NPUOpError(f"{op}: an int8 x needs an int8 weight, got {w.dtype}")
+    if bias is not None:
+        raise NotImplementedError(f"{op}: the simulator implements the per-token int8 form "
+                                  "without bias")
+    if not scale or len(scale) != 1 or not per_token_scale or len(per_token_scale) != 1:
+        raise NPUOpError(f"{op}: the int8 form needs scale=[one tensor] and "
+                         "per_token_scale=[one tensor] (the per-channel int64-scale form "
+                         "with int8 output is not simulated)")
+    s, pts = scale[0], per_token_scale[0]
+    if pts.dtype != torch.float32:
+        raise NPUOpError(f"{op}: per_token_scale must be float32, got {pts.dtype}")
+    if s.dtype not in (torch.float32, torch.bfloat16):
+        raise NPUOpError(f"{op}: with per_token_scale the scale is float32 or bfloat16 "
+                         f"(int64 is not supported on Atlas A2/A3), got {s.dtype}")
+    # float32 output is a simulation-only extension (exact parity tests)
+    if output_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise NPUOpError(f"{op}: output_dtype {output_dtype}; the per-token form outputs "
+                         "bfloat16 or float16")
+    if s.dtype == torch.bfloat16 and output_dtype != torch.bfloat16:
+        raise NPUOpError(f"{op}: a bfloat16 scale goes with bfloat16 output, not "
+                         f"{output_dtype}")
+    return output_dtype
 
 
 def npu_moe_token_unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor,
