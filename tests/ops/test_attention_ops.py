@@ -500,11 +500,15 @@ def test_fia_refuses_non_contiguous_query():
         run_fia(q_nc, paged, [3, 1], [130, 5], 4, 2, 1.0)
 
 
-@pytest.mark.parametrize("ends", [[3, 2], [5, 4], [2, 9]])
-def test_fia_refuses_bad_cumulative_ends(ends):
+@pytest.mark.parametrize("ends,match", [
+    ([3, 2], r"must be non-decreasing cumulative ends, got \[3, 2\]"),
+    # TND: the last end must be T exactly (CANN: "queryT != last element of
+    # actualSequenceLengthQ"), neither past it nor short of it
+    ([2, 5], r"last actual_seq_lengths entry must equal the query's T=4; got \[2, 5\]"),
+    ([1, 3], r"last actual_seq_lengths entry must equal the query's T=4; got \[1, 3\]")])
+def test_fia_refuses_bad_cumulative_ends(ends, match):
     paged, q = _fia_setup()  # T = 4
-    with pytest.raises(NPUOpError, match=r"actual_seq_lengths must be non-decreasing "
-                                         r"cumulative ends <= T=4"):
+    with pytest.raises(NPUOpError, match=match):
         npu_fused_infer_attention_score(
             q, paged.key_cache.view(paged.num_blocks, BS, 32),
             paged.value_cache.view(paged.num_blocks, BS, 32), atten_mask=MASK,

@@ -118,10 +118,35 @@ class NPUAttentionMetadata:
     seq_lens_list: list[int]     # host, [num_reqs] kv length per request incl. new tokens
     seq_lens: torch.Tensor       # host int32 [num_reqs] (paged attention's context_lens)
     block_table: torch.Tensor    # int32 [num_reqs, max_blocks_per_req]
+    padded_table: torch.Tensor   # int32 [num_reqs + 1, ...]: block_table + a zero row
     slot_mapping: torch.Tensor   # int32 [num_actual_tokens]
     attn_mask: torch.Tensor      # bool [2048, 2048], True above the diagonal (masked)
     dcp: DCPMetadata | None = None  # decode context parallelism: this rank's context shard
     pcp: PCPMetadata | None = None  # prefill context parallelism: this rank's query pieces
+
+
+def with_padding_row(block_table: torch.Tensor) -> torch.Tensor:
+    """int32 block table plus one zero row (vLLM's null block 0) for a padding request."""
+    table = block_table.to(torch.int32)
+    return torch.cat((table, table.new_zeros(1, table.shape[1])))
+
+
+def pad_query_ends(tokens: int, ends: list[int], kv_lens: list[int],
+                   min_kv: int = 0) -> tuple[list[int], list[int]]:
+    """FIA in TND layout needs the last query end to equal the query's T (CANN tiling:
+    "queryT != last element of actualSequenceLengthQ"; vllm-ascend pads
+    actual_seq_lengths_q so: attention_v1.py and its v2 speculators). A FULL graph
+    replayed for fewer tokens than it captured ends with vLLM's zero-token padding
+    requests: the last of them takes the tail rows (kv >= q, reading its block-table row);
+    without one, a padding request is appended (eager only: a task update keeps the
+    captured batch size). Their output rows are never read. `kv_lens` per request, each
+    at least `min_kv` for the padding request."""
+    pad = tokens - (ends[-1] if ends else 0)
+    if pad <= 0:
+        return ends, kv_lens
+    if len(ends) > 1 and ends[-1] == ends[-2] or ends == [0]:
+        return ends[:-1] + [tokens], kv_lens[:-1] + [max(pad, min_kv, kv_lens[-1])]
+    return ends + [tokens], kv_lens + [max(pad, min_kv)]
 
 
 def uses_dcp(vllm_config: VllmConfig | None) -> bool:
@@ -175,6 +200,7 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
             pcp = build_pcp_metadata(cm.query_start_loc_cpu[:n_reqs + 1].tolist(),
                                      seq_lens_cpu.tolist(), n_tokens, self.pcp_world,
                                      get_pcp_group().rank_in_group)
+        padded_table = with_padding_row(cm.block_table_tensor[:n_reqs])
         return NPUAttentionMetadata(
             num_actual_tokens=n_tokens,
             num_reqs=n_reqs,
@@ -182,7 +208,8 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
             query_ends=query_ends,
             seq_lens_list=seq_lens_cpu.tolist(),
             seq_lens=seq_lens_cpu,
-            block_table=cm.block_table_tensor[:n_reqs].to(torch.int32),
+            block_table=padded_table[:n_reqs],
+            padded_table=padded_table,
             slot_mapping=cm.slot_mapping[:n_tokens].to(torch.int32),
             attn_mask=self.attn_mask,
             dcp=dcp,
@@ -254,9 +281,10 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         if self.sliding_window is not None:
             window = {"sparse_mode": 4, "pre_tokens": self.sliding_window - 1,
                       "next_tokens": 0}
+        ends, kv_lens = pad_query_ends(q.shape[0], meta.query_ends, meta.seq_lens_list)
         return (q, k_plane, v_plane), dict(
-            atten_mask=meta.attn_mask, actual_seq_lengths=meta.query_ends,
-            actual_seq_lengths_kv=meta.seq_lens_list, block_table=meta.block_table,
+            atten_mask=meta.attn_mask, actual_seq_lengths=ends,
+            actual_seq_lengths_kv=kv_lens, block_table=meta.padded_table[:len(ends)],
             num_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
             scale=self.scale, input_layout="TND", block_size=k_plane.shape[1], **window)
 
@@ -336,20 +364,22 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         new token of the step (written by do_kv_cache_update); pad rows get zeros."""
         pcp = meta.pcp
         n = pcp.num_run
+        table = with_padding_row(meta.block_table[pcp.rows])
         local = replace(meta, num_actual_tokens=n, num_reqs=len(pcp.query_ends),
                         is_pure_decode=False, query_ends=pcp.query_ends,
                         seq_lens_list=pcp.kv_lens,
                         seq_lens=torch.tensor(pcp.kv_lens, dtype=torch.int32),
-                        block_table=meta.block_table[pcp.rows])
+                        block_table=table[:-1], padded_table=table)
         self._attend("fused", query[:n], kv_cache, local, output[:n])
         output[n:].zero_()
 
     def _dcp_new_tokens_args(self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              meta: NPUAttentionMetadata) -> tuple[tuple, dict]:
         """This step's tokens, which every DCP rank holds in full: causal, with lse."""
+        ends, _ = pad_query_ends(q.shape[0], meta.query_ends, meta.query_ends)
         return (q, key, value), dict(
-            atten_mask=meta.attn_mask, actual_seq_lengths=meta.query_ends,
-            actual_seq_lengths_kv=meta.query_ends, num_heads=self.num_heads,
+            atten_mask=meta.attn_mask, actual_seq_lengths=ends,
+            actual_seq_lengths_kv=ends, num_heads=self.num_heads,
             num_key_value_heads=self.num_kv_heads, scale=self.scale, input_layout="TND",
             sparse_mode=3, softmax_lse_flag=True)
 
@@ -358,9 +388,11 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         """The gathered heads over this rank's context shard. The cached context precedes
         every new token: no mask."""
         k_plane, v_plane = self._planes(kv_cache)
+        ends, kv_lens = pad_query_ends(q_all.shape[0], meta.query_ends,
+                                       meta.dcp.local_context_lens, min_kv=1)
         return (q_all, k_plane, v_plane), dict(
-            actual_seq_lengths=meta.query_ends,
-            actual_seq_lengths_kv=meta.dcp.local_context_lens, block_table=meta.block_table,
+            actual_seq_lengths=ends, actual_seq_lengths_kv=kv_lens,
+            block_table=meta.padded_table[:len(ends)],
             num_heads=q_all.shape[1], num_key_value_heads=self.num_kv_heads,
             scale=self.scale, input_layout="TND", block_size=k_plane.shape[1],
             softmax_lse_flag=True)

@@ -185,9 +185,14 @@ def npu_fused_infer_attention_score(
         raise NPUOpError(f"{op}: TND needs actual_seq_lengths and actual_seq_lengths_kv")
     q_ends = _host_ints(op, "actual_seq_lengths", actual_seq_lengths)
     kv_arg = _host_ints(op, "actual_seq_lengths_kv", actual_seq_lengths_kv)
-    if any(b < a for a, b in zip(q_ends, q_ends[1:])) or (q_ends and q_ends[-1] > T):
-        raise NPUOpError(f"{op}: actual_seq_lengths must be non-decreasing cumulative ends "
-                         f"<= T={T}, got {q_ends}")
+    if any(b < a for a, b in zip(q_ends, q_ends[1:])):
+        raise NPUOpError(f"{op}: actual_seq_lengths must be non-decreasing cumulative ends, "
+                         f"got {q_ends}")
+    # CANN tiling: "queryT != last element of actualSequenceLengthQ" (vllm-ascend pads the
+    # ends to T: attention/attention_v1.py, worker/v2/spec_decode/*/speculator.py).
+    if (q_ends[-1] if q_ends else 0) != T:
+        raise NPUOpError(f"{op}: in TND layout the last actual_seq_lengths entry must equal "
+                         f"the query's T={T}; got {q_ends}")
     B = len(q_ends)
     if len(kv_arg) != B:
         raise NPUOpError(f"{op}: {len(kv_arg)} kv lengths for {B} batches")
