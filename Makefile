@@ -12,7 +12,7 @@ SERVE_ARGS ?= --max-model-len 1024
 install: $(STAMP)
 
 # Re-runs only when the package metadata or the installer changed.
-$(STAMP): pyproject.toml tools/install.sh tools/fetch_sdist.py $(wildcard csrc/*.c csrc/*.h csrc/Makefile)
+$(STAMP): pyproject.toml setup.py tools/install.sh tools/fetch_sdist.py $(wildcard csrc/*.c csrc/*.h)
 	bash tools/install.sh
 	touch $@
 

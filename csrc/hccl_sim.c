@@ -22,7 +22,7 @@
  *     once (round to nearest even); integers wrap like C unsigned arithmetic.  Each element
  *     is reduced by exactly one rank, so all ranks get bit-identical results.
  *
- * Build: make -C csrc   (gcc -O2 -shared -fPIC -pthread, -lrt)
+ * Build: setup.py (pip install / make install): gcc -O2 -shared -fPIC -pthread, -lrt
  */
 #define _GNU_SOURCE
 #include "hccl_sim.h"

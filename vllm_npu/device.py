@@ -77,5 +77,8 @@ def select_backend() -> DeviceBackend:
 
 @functools.cache
 def log_backend() -> None:
+    from vllm_npu.versions import log_versions
+
     backend = select_backend()
     logger.info("vllm_npu: %s → %s", backend.reason, backend.name)
+    log_versions(backend.name)

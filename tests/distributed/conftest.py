@@ -11,6 +11,7 @@ import multiprocessing as mp
 import os
 import queue
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -28,8 +29,10 @@ CHILD_ENV = {"NPU_PLUGIN_SIMULATE": "1", "OMP_NUM_THREADS": "1",
 
 @pytest.fixture(scope="session")
 def sim_library() -> str:
-    """Path of libhccl_sim.so, (re)built with `make -C csrc` (a no-op when up to date)."""
-    subprocess.run(["make", "-s", "-C", str(ROOT / "csrc")], check=True)
+    """Path of libhccl_sim.so, (re)built by the package's build step (setup.py build_ext,
+    what `make install` runs; a no-op when up to date)."""
+    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=ROOT,
+                   check=True, capture_output=True)
     from vllm_npu.distributed.hccl_library import SIMULATOR_PATH
 
     assert SIMULATOR_PATH.is_file()

@@ -212,7 +212,8 @@ def test_killed_peer(lib, sim_library, monkeypatch):
 def test_missing_library_names_build_command(monkeypatch, tmp_path):
     monkeypatch.delenv("HCCL_LIBRARY_PATH", raising=False)
     monkeypatch.setattr(hl, "SIMULATOR_PATH", tmp_path / "libhccl_sim.so")
-    with pytest.raises(HcclLibraryNotFound, match="make -C csrc"):
+    with pytest.raises(HcclLibraryNotFound, match="installed without a C compiler. Install "
+                                                  "gcc and reinstall vllm_npu"):
         hl.find_hccl_library(simulated=True)
     monkeypatch.setenv("HCCL_LIBRARY_PATH", str(tmp_path / "nope.so"))
     with pytest.raises(HcclLibraryNotFound, match="HCCL_LIBRARY_PATH"):

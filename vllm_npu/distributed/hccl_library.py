@@ -38,7 +38,8 @@ ALL_ENV = (HCCL_LIBRARY_PATH, HCCL_SIM_TIMEOUT_S, HCCL_SIM_BUFFER_MB)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SIMULATOR_PATH = Path(__file__).resolve().with_name("libhccl_sim.so")
 SIMULATOR_SOURCES = (REPO_ROOT / "csrc" / "hccl_sim.c", REPO_ROOT / "csrc" / "hccl_sim.h")
-BUILD_COMMAND = "make -C csrc"  # run from the repository root; tools/install.sh runs it too
+# setup.py builds the library into the package (wheel, sdist, editable install alike)
+BUILD_COMMAND = "pip install -e . (or make install) in a checkout"
 
 # === types of hccl_types.h ==================================================================
 
@@ -222,11 +223,13 @@ def find_hccl_library(simulated: bool | None = None) -> tuple[str, str]:
             + "); source CANN's set_env.sh or set HCCL_LIBRARY_PATH")
     if not SIMULATOR_PATH.is_file():
         raise HcclLibraryNotFound(
-            f"the HCCL simulator library {SIMULATOR_PATH} is not built; build it with "
-            f"`{BUILD_COMMAND}` in {REPO_ROOT} (or `bash tools/install.sh`)")
+            f"the HCCL simulator library {SIMULATOR_PATH} is not built: vllm_npu was "
+            "installed without a C compiler. Install gcc and reinstall vllm_npu (`pip "
+            f"install vllm_npu`, or `{BUILD_COMMAND}`); tensor/pipeline/data parallelism on "
+            "the simulated NPU needs it")
     newest_source = max((s.stat().st_mtime for s in SIMULATOR_SOURCES if s.is_file()), default=0)
     if newest_source > SIMULATOR_PATH.stat().st_mtime:
-        logger.warning("vllm_npu: %s is older than its sources in csrc/; rebuild with `%s`",
+        logger.warning("vllm_npu: %s is older than its sources in csrc/; rebuild with %s",
                        SIMULATOR_PATH, BUILD_COMMAND)
     return str(SIMULATOR_PATH), "simulator"
 
