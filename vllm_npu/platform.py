@@ -206,6 +206,13 @@ class NPUPlatform(Platform):
         cls._check_moe_dispatch(vllm_config, npu_config)
         if vllm_config.speculative_config is not None:
             cls._check_speculative(vllm_config)
+        if vllm_config.lora_config is not None:
+            # vLLM's LoRA layers call the platform's punica wrapper (bgmv/sgmv shrink and
+            # expand kernels); the NPU has none yet, and vLLM's default raises a bare
+            # NotImplementedError deep in model loading.
+            raise ValueError("--enable-lora is not supported on the NPU platform yet (no "
+                             "punica wrapper for LoRA's shrink/expand kernels); serve the "
+                             "adapter merged into the weights instead")
 
         cache = vllm_config.cache_config
         if cache.user_specified_block_size and cache.block_size not in PAGED_BLOCK_SIZES:

@@ -124,6 +124,28 @@ def build_tiny_model(path: str, arch: str = "llama", seed: int = 0, vocab_size: 
     return path
 
 
+def build_tiny_classifier(src: str, path: str, num_labels: int) -> str:
+    """`src`'s tiny decoder with a random classification head of `num_labels`
+    (LlamaForSequenceClassification & co.): a classifier, or with one label a reranker
+    (cross-encoder score = sigmoid of the logit). Pads with EOS, as HF needs for batches."""
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.from_pretrained(src)
+    torch.manual_seed(num_labels)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        src, num_labels=num_labels, pad_token_id=config.eos_token_id, dtype=torch.float32)
+    model.save_pretrained(path, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if os.path.exists(os.path.join(src, name)):
+            shutil.copy(os.path.join(src, name), path)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path")

@@ -11,7 +11,9 @@ attention backend; only its CUDA-specific leaves change here:
     replay the captured attention tasks are refreshed for the new batch;
   - prefill context parallelism (which vLLM's V1 runner lacks): each PCP rank runs the
     model on its chunk of the batch's tokens, the hidden states are all-gathered
-    (attention/prefill_context_parallel.py).
+    (attention/prefill_context_parallel.py);
+  - seeded sampling: CPU generators (simulated NPU) are rewound by state, not by Philox
+    offset, when a partial prefill's sample is discarded (worker/seeded_sampling.py).
 """
 from __future__ import annotations
 
@@ -32,11 +34,12 @@ from vllm_npu.compilation.graph_params import GRAPH_PARAMS, update_attention_tas
 from vllm_npu.config import get_npu_config
 from vllm_npu.eplb.adaptor import moe_layers
 from vllm_npu.moe import expert_map
+from vllm_npu.worker.seeded_sampling import CPUGeneratorRewind
 
 logger = logging.getLogger("vllm.npu")
 
 
-class NPUModelRunner(GPUModelRunner):
+class NPUModelRunner(CPUGeneratorRewind, GPUModelRunner):
     npu_eplb = None  # EplbUpdator when EPLB is on (vLLM's own EplbState stays off)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
