@@ -244,6 +244,26 @@ def _quant_grouped(ops, dev, dtype, gen):
     return [x_q.to(torch.int32), token_scale, y]
 
 
+def _lora(ops, dev, dtype, gen):
+    """Multi-LoRA: sgmv shrink / expand (prefill segments), bgmv shrink / expand (per
+    token) into a slice."""
+    x = _randn(gen, 7, 64, dtype=dtype, dev=dev)
+    a = _randn(gen, 2, 1, 8, 64, dtype=dtype, dev=dev, scale=0.1)
+    b = _randn(gen, 2, 1, 32, 8, dtype=dtype, dev=dev, scale=0.1)
+    idx = torch.tensor([1, -1, 0], dtype=torch.int64).to(dev)
+    lens = torch.tensor([3, 2, 2], dtype=torch.int64).to(dev)
+    mid = torch.zeros(7, 8, dtype=torch.float32).to(dev)
+    ops.npu_sgmv_shrink(x, a, idx, lens, mid, 2.0)
+    y = torch.zeros(7, 48, dtype=dtype).to(dev)
+    ops.npu_sgmv_expand(mid.to(dtype), b, idx, lens, y, 8, 32)
+    per_token = torch.repeat_interleave(idx, lens)
+    mid2 = torch.zeros(7, 8, dtype=torch.float32).to(dev)
+    ops.npu_bgmv_shrink(x, a, per_token, mid2, 2.0)
+    y2 = torch.zeros(7, 48, dtype=dtype).to(dev)
+    ops.npu_bgmv_expand(mid2.to(dtype), b, per_token, y2, 8, 32)
+    return [mid, y, mid2, y2]
+
+
 def _graph_round_trip(ops, dev, dtype, gen, backend):
     """Capture a paged-attention task at lengths A, update it to B, replay: equals eager B."""
     args = _paged_args(gen, dtype, dev, [300, 17])
@@ -288,6 +308,7 @@ CASES = [
     Case("npu_quantize+npu_quant_matmul[static]", _quant_static, atol=1.0),
     Case("npu_dynamic_quant+npu_quant_matmul[pertoken]", _quant_dynamic, atol=1.0),
     Case("npu_dynamic_quant+npu_grouped_matmul[pertoken int8]", _quant_grouped, atol=1.0),
+    Case("npu_sgmv_shrink+npu_sgmv_expand+npu_bgmv_shrink+npu_bgmv_expand", _lora),
 ]
 GRAPH_CASE = "graph:paged_attention capture/update/replay"
 

@@ -175,6 +175,10 @@ class NPUPlatform(Platform):
                             help="Device to run on; with the vllm_npu plugin only 'npu'.")
 
     @classmethod
+    def get_punica_wrapper(cls) -> str:
+        return "vllm_npu.lora.punica_npu.NPUPunicaWrapper"
+
+    @classmethod
     def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
         log_backend()
         npu_config = NPUConfig.from_additional_config(vllm_config.additional_config)
@@ -206,12 +210,11 @@ class NPUPlatform(Platform):
         cls._check_moe_dispatch(vllm_config, npu_config)
         if vllm_config.speculative_config is not None:
             cls._check_speculative(vllm_config)
-        if vllm_config.lora_config is not None:
-            # vLLM's LoRA layers call the platform's punica wrapper (bgmv/sgmv shrink and
-            # expand kernels); the NPU has none yet, and vLLM's default raises a bare
-            # NotImplementedError deep in model loading.
-            raise ValueError("--enable-lora is not supported on the NPU platform yet (no "
-                             "punica wrapper for LoRA's shrink/expand kernels); serve the "
+        if vllm_config.lora_config is not None and vllm_config.model_config.is_moe:
+            # MoE LoRA needs the punica wrapper's fused-MoE entry points, which the NPU
+            # wrapper does not provide yet (dense layers only).
+            raise ValueError("--enable-lora with a MoE model is not supported on the NPU "
+                             "platform yet (LoRA runs on dense layers only); serve the "
                              "adapter merged into the weights instead")
 
         cache = vllm_config.cache_config

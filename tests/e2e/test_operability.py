@@ -32,8 +32,3 @@ def test_a_kv_cache_too_small_for_max_model_len_says_what_would_fit(tiny_models,
                                          r"length is 128.*decreasing `max_model_len`"):
         _start(tiny_models["llama"], kv_cache_memory_bytes=300_000, max_model_len=2048)
 
-
-def test_lora_is_refused_at_startup_with_a_message(tiny_models):
-    with pytest.raises(ValueError, match="--enable-lora is not supported on the NPU platform "
-                                         "yet .*serve the adapter merged"):
-        _start(tiny_models["llama"], enable_lora=True, max_model_len=256)

@@ -26,6 +26,10 @@ OP_NAMES = (
     "npu_quantize",
     "npu_dynamic_quant",
     "npu_quant_matmul",
+    "npu_bgmv_shrink",
+    "npu_bgmv_expand",
+    "npu_sgmv_shrink",
+    "npu_sgmv_expand",
 )
 
 if select_backend().simulated:

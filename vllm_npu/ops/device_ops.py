@@ -51,3 +51,30 @@ def _npu_paged_attention_get_workspace(query, key_cache, value_cache, num_kv_hea
 def _npu_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
     torch_npu._npu_reshape_and_cache(key=key, value=value, key_cache=key_cache,
                                      value_cache=value_cache, slot_indices=slot_indices)
+
+
+# Multi-LoRA: no torch_npu / CANN op exists (vllm-ascend builds its own AscendC kernels),
+# so a device runs vLLM's torch-native implementation with the surface's argument order.
+def npu_bgmv_shrink(x, weights, indices, y, scale):
+    from vllm.lora.ops.torch_ops import bgmv_shrink
+
+    bgmv_shrink(x, weights, y, indices, scale)
+
+
+def npu_bgmv_expand(x, weights, indices, y, slice_offset, slice_size):
+    from vllm.lora.ops.torch_ops import bgmv_expand_slice
+
+    bgmv_expand_slice(x, weights, y, indices, slice_offset, slice_size, True)
+
+
+def npu_sgmv_shrink(x, weights, indices, seq_len, y, scale):
+    import torch
+
+    npu_bgmv_shrink(x, weights, torch.repeat_interleave(indices, seq_len), y, scale)
+
+
+def npu_sgmv_expand(x, weights, indices, seq_len, y, slice_offset, slice_size):
+    import torch
+
+    npu_bgmv_expand(x, weights, torch.repeat_interleave(indices, seq_len), y, slice_offset,
+                    slice_size)

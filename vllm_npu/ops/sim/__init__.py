@@ -8,6 +8,7 @@ from vllm_npu.ops.sim import (
     attention,
     attention_update,
     cache,
+    lora,
     mla,
     moe,
     norm,
@@ -46,3 +47,7 @@ npu_moe_token_unpermute = graph_op(moe.npu_moe_token_unpermute)
 npu_quantize = graph_op(quant.npu_quantize)
 npu_dynamic_quant = graph_op(quant.npu_dynamic_quant)
 npu_quant_matmul = graph_op(quant.npu_quant_matmul)
+npu_bgmv_shrink = graph_op(lora.npu_bgmv_shrink)
+npu_bgmv_expand = graph_op(lora.npu_bgmv_expand)
+npu_sgmv_shrink = graph_op(lora.npu_sgmv_shrink)
+npu_sgmv_expand = graph_op(lora.npu_sgmv_expand)
