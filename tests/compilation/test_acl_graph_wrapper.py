@@ -67,6 +67,21 @@ def test_capture_failure_names_the_batch_and_a_hint():
     assert "--enforce-eager" in msg and "cudagraph_capture_sizes" in msg
 
 
+def test_capture_out_of_memory_names_the_capture_sizes_to_drop():
+    def hungry(x):
+        raise torch.OutOfMemoryError("NPU out of memory. Tried to allocate 2.00 GiB")
+
+    config = VllmConfig()
+    config.compilation_config.cudagraph_capture_sizes = [1, 2, 4, 8, 16, 32]
+    wrapper = ACLGraphWrapper(hungry, config, CUDAGraphMode.FULL)
+    with pytest.raises(GraphCaptureError) as e:
+        _run(wrapper, torch.zeros(1), CUDAGraphMode.FULL, BatchDescriptor(num_tokens=16))
+    msg = str(e.value)
+    assert "ran out of NPU memory; capture sizes [1, 2, 4, 8, 16, 32]: drop [16, 32]" in msg
+    assert """'{"cudagraph_capture_sizes": [1, 2, 4, 8]}'""" in msg
+    assert "--gpu-memory-utilization" in msg and "--enforce-eager" in msg
+
+
 def test_needs_a_graph_mode():
     with pytest.raises(ValueError, match="FULL or PIECEWISE"):
         ACLGraphWrapper(_Model(), VllmConfig(), CUDAGraphMode.NONE)

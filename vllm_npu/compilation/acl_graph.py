@@ -18,6 +18,7 @@ import dataclasses
 import logging
 from typing import Any, Callable, ClassVar
 
+import torch
 from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.forward_context import BatchDescriptor, get_forward_context, is_forward_context_available
 
@@ -97,18 +98,28 @@ class ACLGraphWrapper:
         ACLGraphWrapper.stats.replays += 1
         return entry.output
 
+    def _capture_failure(self, desc: BatchDescriptor, error: Exception) -> str:
+        where = (f"ACL graph capture failed for {self.runtime_mode.name} batch of "
+                 f"{desc.num_tokens} tokens (uniform decode={desc.uniform}): {error}.")
+        sizes = sorted(self.vllm_config.compilation_config.cudagraph_capture_sizes or [])
+        if isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower():
+            keep = [n for n in sizes if n < desc.num_tokens]
+            return (f"{where} The graphs ran out of NPU memory; capture sizes {sizes}: "
+                    f"drop {[n for n in sizes if n >= desc.num_tokens]} with "
+                    f"--compilation-config '{{\"cudagraph_capture_sizes\": {keep}}}' (or "
+                    "--max-num-seqs), leave more memory to the graphs with a lower "
+                    "--gpu-memory-utilization, or run --enforce-eager")
+        return (f"{where} Hint: run with --enforce-eager to confirm the model runs without "
+                "graphs, or lower the capture sizes with --compilation-config "
+                f"'{{\"cudagraph_capture_sizes\": [...]}}' (now {sizes}) / --max-num-seqs")
+
     def _capture(self, desc: BatchDescriptor, args: tuple, kwargs: dict) -> Any:
         graph = self.backend.new_graph()
         try:
             with self.backend.capture(graph, ACLGraphWrapper._pool):
                 output = self.runnable(*args, **kwargs)
         except Exception as e:
-            raise GraphCaptureError(
-                f"ACL graph capture failed for {self.runtime_mode.name} batch of "
-                f"{desc.num_tokens} tokens (uniform decode={desc.uniform}): {e}. Hint: run "
-                "with --enforce-eager to confirm the model runs without graphs, or lower "
-                "the capture sizes with --compilation-config "
-                "'{\"cudagraph_capture_sizes\": [...]}' / --max-num-seqs") from e
+            raise GraphCaptureError(self._capture_failure(desc, e)) from e
         self.entries[desc] = _Entry(graph, output)
         ACLGraphWrapper.stats.captures += 1
         logger.debug("vllm_npu: captured %s graph for %s", self.runtime_mode.name, desc)
