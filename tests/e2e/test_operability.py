@@ -7,9 +7,15 @@ import pytest
 
 
 def _start(path: str, **kw):
+    """Start an engine that is expected to fail; whatever it initialised (the in-process
+    distributed state) is torn down, so TP workers forked later start clean."""
     from vllm import LLM
+    from vllm.distributed import cleanup_dist_env_and_memory
 
-    return LLM(path, dtype="float32", enforce_eager=True, **kw)
+    try:
+        return LLM(path, dtype="float32", enforce_eager=True, **kw)
+    finally:
+        cleanup_dist_env_and_memory()
 
 
 def test_no_memory_left_for_the_kv_cache_names_the_numbers_and_the_options(

@@ -134,6 +134,9 @@ class _RoutedMethod(_Method):
     def set_placement(self, placement):
         self.placement = placement
 
+    def slot_tensors(self, layer):
+        return (layer.w13_weight, layer.w2_weight)
+
 
 def test_a_slow_plan_never_stalls_a_step_and_then_moves_the_weights():
     """The policy blocks until released: steps keep running meanwhile; once the plan is

@@ -118,17 +118,20 @@ class NPUAttentionMetadata:
     seq_lens_list: list[int]     # host, [num_reqs] kv length per request incl. new tokens
     seq_lens: torch.Tensor       # host int32 [num_reqs] (paged attention's context_lens)
     block_table: torch.Tensor    # int32 [num_reqs, max_blocks_per_req]
-    padded_table: torch.Tensor   # int32 [num_reqs + 1, ...]: block_table + a zero row
     slot_mapping: torch.Tensor   # int32 [num_actual_tokens]
     attn_mask: torch.Tensor      # bool [2048, 2048], True above the diagonal (masked)
     dcp: DCPMetadata | None = None  # decode context parallelism: this rank's context shard
     pcp: PCPMetadata | None = None  # prefill context parallelism: this rank's query pieces
 
 
-def with_padding_row(block_table: torch.Tensor) -> torch.Tensor:
-    """int32 block table plus one zero row (vLLM's null block 0) for a padding request."""
-    table = block_table.to(torch.int32)
-    return torch.cat((table, table.new_zeros(1, table.shape[1])))
+def table_for(meta: "NPUAttentionMetadata", requests: int) -> torch.Tensor:
+    """The block table for `requests` rows: the batch's own, or (a padding request
+    appended, eager runs only) with a zero row for it: vLLM's null block 0. Graph tasks
+    only ever see the batch's own table, which outlives the replay."""
+    table = meta.block_table
+    if requests == table.shape[0]:
+        return table
+    return torch.cat((table, table.new_zeros(requests - table.shape[0], table.shape[1])))
 
 
 def pad_query_ends(tokens: int, ends: list[int], kv_lens: list[int],
@@ -200,7 +203,6 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
             pcp = build_pcp_metadata(cm.query_start_loc_cpu[:n_reqs + 1].tolist(),
                                      seq_lens_cpu.tolist(), n_tokens, self.pcp_world,
                                      get_pcp_group().rank_in_group)
-        padded_table = with_padding_row(cm.block_table_tensor[:n_reqs])
         return NPUAttentionMetadata(
             num_actual_tokens=n_tokens,
             num_reqs=n_reqs,
@@ -208,8 +210,7 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
             query_ends=query_ends,
             seq_lens_list=seq_lens_cpu.tolist(),
             seq_lens=seq_lens_cpu,
-            block_table=padded_table[:n_reqs],
-            padded_table=padded_table,
+            block_table=cm.block_table_tensor[:n_reqs].to(torch.int32),
             slot_mapping=cm.slot_mapping[:n_tokens].to(torch.int32),
             attn_mask=self.attn_mask,
             dcp=dcp,
@@ -284,7 +285,7 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         ends, kv_lens = pad_query_ends(q.shape[0], meta.query_ends, meta.seq_lens_list)
         return (q, k_plane, v_plane), dict(
             atten_mask=meta.attn_mask, actual_seq_lengths=ends,
-            actual_seq_lengths_kv=kv_lens, block_table=meta.padded_table[:len(ends)],
+            actual_seq_lengths_kv=kv_lens, block_table=table_for(meta, len(ends)),
             num_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
             scale=self.scale, input_layout="TND", block_size=k_plane.shape[1], **window)
 
@@ -364,12 +365,11 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         new token of the step (written by do_kv_cache_update); pad rows get zeros."""
         pcp = meta.pcp
         n = pcp.num_run
-        table = with_padding_row(meta.block_table[pcp.rows])
         local = replace(meta, num_actual_tokens=n, num_reqs=len(pcp.query_ends),
                         is_pure_decode=False, query_ends=pcp.query_ends,
                         seq_lens_list=pcp.kv_lens,
                         seq_lens=torch.tensor(pcp.kv_lens, dtype=torch.int32),
-                        block_table=table[:-1], padded_table=table)
+                        block_table=meta.block_table[pcp.rows])
         self._attend("fused", query[:n], kv_cache, local, output[:n])
         output[n:].zero_()
 
@@ -392,7 +392,7 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
                                        meta.dcp.local_context_lens, min_kv=1)
         return (q_all, k_plane, v_plane), dict(
             actual_seq_lengths=ends, actual_seq_lengths_kv=kv_lens,
-            block_table=meta.padded_table[:len(ends)],
+            block_table=table_for(meta, len(ends)),
             num_heads=q_all.shape[1], num_key_value_heads=self.num_kv_heads,
             scale=self.scale, input_layout="TND", block_size=k_plane.shape[1],
             softmax_lse_flag=True)
