@@ -8,7 +8,8 @@ the nccl-tests conventions:
     all-reduce  busbw = algbw * 2(n-1)/n      (size = the buffer reduced)
     all-gather  busbw = algbw * (n-1)/n       (size = the gathered output)
 
-The time of an iteration is the slowest rank's. Needs the simulator: `make -C csrc`.
+The time of an iteration is the slowest rank's. Needs the HCCL simulator, which
+`make install` / `pip install` build.
 
     python benchmarks/collectives.py [--world 2] [--max-mib 64] [--seconds 0.3]
 """
