@@ -24,8 +24,20 @@ fi
 
 # The package, editable; its build step (setup.py) also compiles the CPU HCCL simulator
 # csrc/ -> vllm_npu/distributed/libhccl_sim.so, the same way a wheel gets it.
-$PIP install -q --no-build-isolation -e ".[test]"
+$PIP install -q --no-build-isolation -e ".[test,pd]"
 "$VENV/bin/python" -c "from vllm_npu.distributed.hccl_library import SIMULATOR_PATH as p; \
 import sys; sys.exit(0 if p.is_file() else 1)" || echo "install.sh: the HCCL simulator \
 was not built (no C compiler?): the single-device simulated NPU works; TP/PP/DP on the \
 simulated NPU need gcc and a rerun" >&2
+
+# Mooncake's pip wheels link libibverbs even for TCP transfers (PD disaggregation).
+if ! "$VENV/bin/python" -c "import mooncake.engine" 2>/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "install.sh: installing libibverbs1 (the Mooncake transfer engine links it)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libibverbs1 >/dev/null \
+      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libibverbs1 >/dev/null; }
+  fi
+  "$VENV/bin/python" -c "import mooncake.engine" 2>/dev/null || echo "install.sh: the \
+Mooncake transfer engine does not import (missing libibverbs.so.1? apt-get install \
+libibverbs1): prefill/decode disaggregation will not start" >&2
+fi

@@ -21,6 +21,7 @@ from vllm.platforms.interface import Platform, PlatformEnum
 from vllm_npu import envs
 from vllm_npu.config import NPUConfig, set_npu_config
 from vllm_npu.device import log_backend, select_backend
+from vllm_npu.distributed.kv_transfer.config import adopt_kv_transfer_config
 from vllm_npu.registration import ATTENTION_BACKEND
 
 if TYPE_CHECKING:
@@ -208,6 +209,7 @@ class NPUPlatform(Platform):
         if parallel.prefill_context_parallel_size > 1:
             cls._check_prefill_context_parallel(vllm_config)
         cls._check_moe_dispatch(vllm_config, npu_config)
+        adopt_kv_transfer_config(vllm_config)
         if vllm_config.speculative_config is not None:
             cls._check_speculative(vllm_config)
         if vllm_config.lora_config is not None and vllm_config.model_config.is_moe:

@@ -3,7 +3,7 @@
 vLLM's V1 runner takes its streams and events from `torch.cuda` (`torch.cuda.Stream()`,
 `torch.cuda.Event(blocking=True)`, `torch.cuda.current_stream()`, `with
 torch.cuda.stream(s)`) and `torch.Event()`, and calls `torch.accelerator.synchronize()` /
-`empty_cache()` / `empty_host_cache()`. The worker runs its vLLM calls inside
+`empty_cache()` / `empty_host_cache()` / `current_device_index()`. The worker runs its vLLM calls inside
 `npu_runtime()`, which for the duration of the call only points those names at:
 
     real NPU       torch.npu's streams and events (torch_npu)
@@ -43,6 +43,14 @@ def _empty_host_cache_noop(*args, **kwargs) -> None:
     """Simulated NPU: no pinned-host cache either."""
 
 
+def _current_device_index(*args, **kwargs) -> int:
+    """Simulated NPU: one host device, index 0 (torch raises with no accelerator).
+
+    vLLM's KV connectors read it at construction (Mooncake's worker passes it back to
+    `current_platform.set_device`, a no-op in simulation)."""
+    return 0
+
+
 def _replacements(simulated: bool) -> list[tuple[object, str, object]]:
     if simulated:
         from vllm_npu.ops.sim import streams
@@ -50,6 +58,7 @@ def _replacements(simulated: bool) -> list[tuple[object, str, object]]:
         return ([(torch.accelerator, "synchronize", _synchronize_streams),
                  (torch.accelerator, "empty_cache", _empty_cache_noop),
                  (torch.accelerator, "empty_host_cache", _empty_host_cache_noop),
+                 (torch.accelerator, "current_device_index", _current_device_index),
                  (torch, "Event", streams.Event)]
                 + [(torch.cuda, name, getattr(streams, name)) for name in _STREAM_API])
     npu = torch.npu  # registered by torch_npu

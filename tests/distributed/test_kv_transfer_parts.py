@@ -1,0 +1,289 @@
+"""The PD-disaggregation parts that need no server: the heterogeneous-TP block reorder, the
+MLA latent regions, the dead-peer watchdog, the connector config checks, the router."""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import socket
+import time
+from types import SimpleNamespace
+
+import httpx
+import pytest
+import torch
+
+from vllm_npu.attention.mla import latent_planes
+from vllm_npu.distributed.kv_transfer import config as kv_config
+from vllm_npu.distributed.kv_transfer.liveness import PeerLost, probe, watch_peer
+from vllm_npu.distributed.kv_transfer.mooncake import (
+    NPUMooncakeConnectorWorker,
+    reorder_split_blocks,
+)
+from vllm_npu.disagg.proxy import Prefiller, Router, build_app, parse_prefill
+
+
+# ---- heterogeneous TP: producer slices -> the NPU block layout ----------------------------
+
+@pytest.mark.parametrize("splits", [2, 4])
+def test_reorder_restores_blocks_written_as_producer_slices(splits):
+    """Producer rank r holds heads [r*h/s, (r+1)*h/s); the connector writes its whole block
+    [bs, C/s] at byte offset r * (its block) inside the consumer's block. After the reorder
+    the consumer's K plane equals the full-head cache; other blocks are untouched."""
+    torch.manual_seed(0)
+    nb, bs, heads, dim = 6, 8, 4, 3
+    full = torch.randn(nb, bs, heads * dim)
+    cache = torch.randn(nb, 2, bs, heads * dim)        # [num_blocks, K/V, bs, C] (backend)
+    before = cache.clone()
+    plane = cache[:, 0]                                 # a strided view, as in the runner
+    received = [4, 1, 3]
+    c = heads * dim // splits
+    for b in received:
+        flat = torch.empty(bs * heads * dim)
+        for r in range(splits):
+            flat[r * bs * c:(r + 1) * bs * c] = full[b, :, r * c:(r + 1) * c].reshape(-1)
+        plane[b] = flat.view(bs, heads * dim)
+    reorder_split_blocks(plane, received, splits)
+    for b in range(nb):
+        if b in received:
+            assert torch.equal(cache[b, 0], full[b])
+        else:
+            assert torch.equal(cache[b, 0], before[b, 0])
+    assert torch.equal(cache[:, 1], before[:, 1])      # the V plane is another call
+
+
+def test_reorder_refuses_a_row_that_does_not_split():
+    with pytest.raises(ValueError, match="row of 6 elements does not split into 4"):
+        reorder_split_blocks(torch.zeros(2, 4, 6), [0], 4)
+
+
+# ---- MLA: one layer's latent memory is two planes -> two regions per layer ---------------
+
+def test_latent_regions_cover_both_planes_of_each_block():
+    """After registration the worker's regions for a layer are the nope and rope planes;
+    copying block b region by region (as the transfer engine does, by address) from one
+    cache to another moves exactly block b's rows of both planes."""
+    nb, bs, rank, rope = 5, 4, 6, 2
+    src = torch.randn(nb, 1, bs, rank + rope)           # vLLM's [B, H, N, C] view
+    dst = torch.zeros_like(src)
+    class Registered(NPUMooncakeConnectorWorker):
+        def __del__(self):  # no engine or sockets were made
+            pass
+
+    worker = object.__new__(Registered)
+    worker.model_config = SimpleNamespace(hf_text_config=SimpleNamespace(
+        kv_lora_rank=rank, qk_rope_head_dim=rope))
+
+    def register(cache):   # what vLLM's registration leaves for one packed MLA layer
+        worker.device_kv_caches = {"layers.0.attn": cache}
+        worker.kv_caches_base_addr = [cache.data_ptr()]
+        worker.block_len_per_layer = worker.kv_block_len_per_layer = [cache[0].nbytes]
+        worker.registered_layer_names = ["layers.0.attn"]
+        worker.registered_layer_indices, worker.registered_group_indices = [0], [0]
+        worker.region_shared_groups, worker.region_row_offsets = [(0,)], [0]
+        worker._split_latent_regions()
+        return list(zip(worker.kv_caches_base_addr, worker.block_len_per_layer))
+
+    src_regions, dst_regions = register(src), register(dst)
+    assert worker.registered_layer_names == ["layers.0.attn"] * 2
+    assert worker.region_row_offsets == [-1, -1]
+    block = 3
+    for (s, length), (d, _) in zip(src_regions, dst_regions):
+        ctypes.memmove(d + block * length, s + block * length, length)
+    for got, want in zip(latent_planes(dst.view(nb, bs, -1), rank),
+                         latent_planes(src.view(nb, bs, -1), rank)):
+        assert torch.equal(got[block], want[block])
+        others = [b for b in range(nb) if b != block]
+        assert not got[others].any()
+
+
+# ---- a dead prefill worker fails the pull in seconds ----------------------------------------
+
+def _listener() -> tuple[socket.socket, str]:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s, f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_probe_sees_a_listener_and_a_closed_port():
+    s, addr = _listener()
+    assert asyncio.run(probe(addr, 1.0))
+    s.close()
+    assert not asyncio.run(probe(addr, 1.0))
+
+
+async def _pull(seen: list, forever: bool = True):
+    """Stands for vLLM's receive coroutine: waits on a reply, reports any Exception."""
+    try:
+        await (asyncio.get_running_loop().create_future() if forever else asyncio.sleep(0.05))
+    except Exception as e:  # noqa: BLE001 - vLLM's handler catches Exception too
+        seen.append(e)
+    except asyncio.CancelledError:
+        seen.append("cancelled")
+        raise
+    else:
+        seen.append("done")
+
+
+def test_watch_peer_interrupts_a_pull_when_its_peer_dies():
+    s, addr = _listener()
+    seen: list = []
+
+    async def scenario():
+        asyncio.get_running_loop().call_later(0.3, s.close)
+        t0 = time.monotonic()
+        await watch_peer(_pull(seen), addr, interval_s=0.1, misses=2)
+        return time.monotonic() - t0
+
+    elapsed = asyncio.run(scenario())
+    assert len(seen) == 1 and isinstance(seen[0], PeerLost)
+    assert addr in str(seen[0]) and "2 probes 0.1 s apart failed" in str(seen[0])
+    assert elapsed < 5.0
+
+
+def test_watch_peer_leaves_a_live_peer_and_passes_a_real_cancel():
+    s, addr = _listener()
+    seen: list = []
+    asyncio.run(watch_peer(_pull(seen, forever=False), addr, interval_s=0.01, misses=1))
+    assert seen == ["done"]
+
+    async def cancelled():
+        task = asyncio.ensure_future(watch_peer(_pull(seen), addr, 0.05, 3))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    seen.clear()
+    asyncio.run(cancelled())
+    assert seen == ["cancelled"]
+    s.close()
+
+
+# ---- --kv-transfer-config checks at startup -------------------------------------------------
+
+def _config(connector="MooncakeConnector", **extra):
+    from vllm.config import KVTransferConfig
+
+    kv = KVTransferConfig(kv_connector=connector, kv_role="kv_consumer",
+                          kv_connector_extra_config=extra)
+    return SimpleNamespace(kv_transfer_config=kv)
+
+
+def test_mooncake_is_routed_to_the_npu_subclass_over_tcp():
+    cfg = _config()
+    kv_config.adopt_kv_transfer_config(cfg)
+    kv = cfg.kv_transfer_config
+    assert kv.kv_connector_module_path == "vllm_npu.distributed.kv_transfer.mooncake"
+    assert kv.kv_connector_extra_config == {"mooncake_protocol": "tcp",
+                                            "peer_probe_interval_s": 2.0,
+                                            "peer_probe_misses": 3}
+    other = _config("ExampleConnector")
+    kv_config.adopt_kv_transfer_config(other)
+    assert other.kv_transfer_config.kv_connector_module_path is None
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"mooncake_protocol": "rdma"},
+     "mooncake_protocol 'rdma' does not run on the simulated NPU .*valid: \\['tcp'\\]"),
+    ({"peer_probe_misses": 0}, "peer_probe_misses = 0: expected a positive int"),
+    ({"peer_probe_misses": 1.5}, "peer_probe_misses = 1.5: expected a positive int"),
+    ({"peer_probe_interval_s": "2"}, "peer_probe_interval_s = '2': expected a positive float"),
+])
+def test_bad_connector_settings_are_refused_at_startup(extra, message):
+    with pytest.raises(ValueError, match=message):
+        kv_config.adopt_kv_transfer_config(_config(**extra))
+
+
+def test_a_missing_transfer_engine_names_the_package(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "mooncake.engine", None)  # import fails
+    with pytest.raises(ValueError, match="pip install mooncake-transfer-engine-non-cuda"):
+        kv_config.adopt_kv_transfer_config(_config())
+
+
+# ---- the router --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("values, message", [
+    (["127.0.0.1:8100"], "expected http://host:port"),
+    (["http://127.0.0.1:8100", "boot"], "bootstrap port 'boot'"),
+    (["http://127.0.0.1:8100", "1", "2"], "URL \\[BOOTSTRAP_PORT\\]"),
+])
+def test_router_refuses_bad_prefill_arguments(values, message):
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match=message):
+        parse_prefill(values)
+
+
+def _router(prefill_status: int, decode_gate: asyncio.Event, log: list) -> Router:
+    router = Router([Prefiller("http://p:1", "http://p:2")], ["http://d:3"], wait_s=5)
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        url = str(request.url)
+        if url == "http://p:1/health":
+            return httpx.Response(200)
+        if url == "http://p:2/query":
+            return httpx.Response(200, json={"0": {"engine_id": "E0", "worker_addr": {}}})
+        body = json.loads(request.content)
+        log.append((url, body["kv_transfer_params"], body["max_tokens"]))
+        if url.startswith("http://p:1"):
+            return httpx.Response(prefill_status, text="prompt too long")
+        try:
+            await decode_gate.wait()
+        except asyncio.CancelledError:
+            log.append("decode cancelled")
+            raise
+        return httpx.Response(200, json={"choices": [{"text": "ok"}]})
+
+    router.client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return router
+
+
+def test_router_pairs_prefill_and_decode_under_one_transfer_id():
+    async def scenario():
+        log: list = []
+        gate = asyncio.Event()
+        router = _router(200, gate, log)
+        await router.discover()
+        app = build_app(router)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app),
+                                     base_url="http://router") as client:
+            call = asyncio.ensure_future(client.post("/v1/completions", json={
+                "model": "m", "prompt": [1, 2], "max_tokens": 5}))
+            await asyncio.sleep(0.1)
+            gate.set()
+            reply = await call
+        return reply, log
+
+    reply, log = asyncio.run(scenario())
+    assert reply.status_code == 200 and reply.json() == {"choices": [{"text": "ok"}]}
+    assert len(log) == 2
+    prefill = next(x for x in log if x[0].startswith("http://p:1"))
+    decode = next(x for x in log if x[0].startswith("http://d:3"))
+    assert prefill[2] == 1 and decode[2] == 5
+    assert prefill[1]["do_remote_decode"] and not decode[1]["do_remote_decode"]
+    assert decode[1]["do_remote_prefill"] and decode[1]["remote_engine_id"] == "E0"
+    assert decode[1]["remote_bootstrap_addr"] == "http://p:2"
+    assert prefill[1]["transfer_id"] == decode[1]["transfer_id"]
+
+
+def test_a_failed_prefill_cancels_the_decode_request():
+    async def scenario():
+        log: list = []
+        router = _router(400, asyncio.Event(), log)   # decode would wait forever
+        await router.discover()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(build_app(router)),
+                                     base_url="http://router") as client:
+            reply = await asyncio.wait_for(client.post("/v1/completions", json={
+                "model": "m", "prompt": [1], "max_tokens": 3}), 10)
+        await asyncio.sleep(0.05)
+        return reply, log
+
+    reply, log = asyncio.run(scenario())
+    assert reply.status_code == 502
+    assert reply.json()["error"] == ("prefill instance http://p:1 answered 400: "
+                                     "prompt too long")
+    assert "decode cancelled" in log

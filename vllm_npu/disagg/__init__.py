@@ -1,0 +1,1 @@
+"""Prefill/decode disaggregated serving: the router and a one-command launcher."""

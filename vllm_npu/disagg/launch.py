@@ -1,0 +1,215 @@
+"""One command for disaggregated serving on one host: x prefill + y decode instances of
+`vllm serve --device npu` joined by vLLM's MooncakeConnector, behind the router (proxy.py).
+
+    python -m vllm_npu.disagg.launch MODEL --prefill 2 --prefill-tp 2 --decode 1 --port 8000 \\
+        -- --max-model-len 4096 --dtype float32
+
+Everything after `--` goes to every `vllm serve`. Each prefill instance gets its own
+Mooncake bootstrap port; with `--host 127.0.0.1` (the default) every connection, the
+transfer engine's included (`VLLM_HOST_IP`), stays on loopback. `PDCluster` is the same as a
+context manager for scripts and tests.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Instance:
+    role: str                   # "prefill" / "decode" / "proxy"
+    url: str
+    proc: subprocess.Popen
+    log: Path
+    bootstrap_port: int | None = None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+@dataclass
+class PDCluster:
+    model: str
+    prefill_tp: tuple[int, ...] = (1,)  # one entry per prefill instance: its TP size
+    decode_tp: tuple[int, ...] = (1,)   # one entry per decode instance
+    host: str = "127.0.0.1"
+    port: int = 0                       # the router's; 0 picks a free one
+    serve_args: list[str] = field(default_factory=list)
+    prefill_args: list[str] = field(default_factory=list)   # prefill instances only
+    decode_args: list[str] = field(default_factory=list)    # decode instances only
+    extra_config: dict = field(default_factory=dict)        # kv_connector_extra_config
+    load_failure_policy: str = "fail"   # the decode side's kv_load_failure_policy
+    log_dir: Path = Path("pd-logs")
+    startup_s: float = 600.0
+    instances: list[Instance] = field(default_factory=list)
+
+    @property
+    def prefills(self) -> list[Instance]:
+        return [i for i in self.instances if i.role == "prefill"]
+
+    @property
+    def decodes(self) -> list[Instance]:
+        return [i for i in self.instances if i.role == "decode"]
+
+    @property
+    def url(self) -> str:
+        return next(i.url for i in self.instances if i.role == "proxy")
+
+    def _env(self, bootstrap_port: int | None) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        env["VLLM_HOST_IP"] = self.host
+        if bootstrap_port is not None:
+            env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(bootstrap_port)
+        return env
+
+    def _spawn(self, role: str, name: str, cmd: list[str], port: int,
+               bootstrap_port: int | None = None) -> Instance:
+        log = self.log_dir / f"{name}.log"
+        with open(log, "w") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                    env=self._env(bootstrap_port), start_new_session=True)
+        inst = Instance(role, f"http://{self.host}:{port}", proc, log, bootstrap_port)
+        self.instances.append(inst)
+        return inst
+
+    def _serve(self, role: str, index: int, tp: int, args: list[str]) -> Instance:
+        port = free_port(self.host)
+        producer = role == "prefill"
+        kv = {"kv_connector": "MooncakeConnector",
+              "kv_role": "kv_producer" if producer else "kv_consumer",
+              "kv_connector_extra_config": self.extra_config}
+        if not producer:
+            kv["kv_load_failure_policy"] = self.load_failure_policy
+        cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", self.model,
+               "--device", "npu", "--host", self.host, "--port", str(port),
+               "--tensor-parallel-size", str(tp), "--kv-transfer-config", json.dumps(kv),
+               *self.serve_args, *args]
+        return self._spawn(role, f"{role}{index}", cmd, port,
+                           free_port(self.host) if producer else None)
+
+    def start(self) -> PDCluster:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for i, tp in enumerate(self.prefill_tp):
+                self._serve("prefill", i, tp, self.prefill_args)
+            for i, tp in enumerate(self.decode_tp):
+                self._serve("decode", i, tp, self.decode_args)
+            self.wait_healthy(self.prefills + self.decodes)
+            port = self.port or free_port(self.host)
+            cmd = [sys.executable, "-m", "vllm_npu.disagg.proxy", "--host", self.host,
+                   "--port", str(port)]
+            for p in self.prefills:
+                cmd += ["--prefill", p.url, str(p.bootstrap_port)]
+            for d in self.decodes:
+                cmd += ["--decode", d.url]
+            self.wait_healthy([self._spawn("proxy", "proxy", cmd, port)])
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_healthy(self, instances: list[Instance]) -> None:
+        deadline = time.time() + self.startup_s
+        for inst in instances:
+            while True:
+                if not inst.alive():
+                    raise RuntimeError(f"{inst.log.stem} exited with {inst.proc.returncode}:"
+                                       f"\n{inst.log.read_text()[-4000:]}")
+                try:
+                    if requests.get(f"{inst.url}/health", timeout=2).status_code == 200:
+                        break
+                except requests.RequestException:
+                    pass
+                if time.time() > deadline:
+                    raise RuntimeError(f"{inst.log.stem} not healthy after {self.startup_s}s:"
+                                       f"\n{inst.log.read_text()[-4000:]}")
+                time.sleep(1)
+
+    def kill(self, inst: Instance) -> None:
+        """SIGKILL the instance's whole process group (API server, engine, workers)."""
+        if inst.alive():
+            os.killpg(inst.proc.pid, signal.SIGKILL)
+        inst.proc.wait()
+
+    def stop(self) -> None:
+        for inst in reversed(self.instances):
+            if inst.alive():
+                os.killpg(inst.proc.pid, signal.SIGTERM)
+        for inst in self.instances:
+            try:
+                inst.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill(inst)
+
+    def __enter__(self) -> PDCluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    serve_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, serve_args = argv[:cut], argv[cut + 1:]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--prefill", type=int, default=1, help="prefill instances")
+    ap.add_argument("--decode", type=int, default=1, help="decode instances")
+    ap.add_argument("--prefill-tp", type=int, nargs="+", default=[1],
+                    help="TP size of every prefill instance, or one per instance")
+    ap.add_argument("--decode-tp", type=int, nargs="+", default=[1],
+                    help="TP size of every decode instance, or one per instance")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000, help="the router's port")
+    ap.add_argument("--log-dir", type=Path, default=Path("pd-logs"))
+    ap.add_argument("--kv-load-failure-policy", choices=("fail", "recompute"),
+                    default="fail")
+    args = ap.parse_args(argv)
+    tps = {}
+    for role in ("prefill", "decode"):
+        count, tp = getattr(args, role), getattr(args, f"{role}_tp")
+        if count < 1 or min(tp) < 1:
+            ap.error(f"--{role} and --{role}-tp must be >= 1")
+        if len(tp) not in (1, count):
+            ap.error(f"--{role}-tp takes one TP size or {count} (one per instance), "
+                     f"got {len(tp)}")
+        tps[role] = tuple(tp * count if len(tp) == 1 else tp)
+    cluster = PDCluster(args.model, tps["prefill"], tps["decode"], args.host, args.port,
+                        serve_args,
+                        load_failure_policy=args.kv_load_failure_policy,
+                        log_dir=args.log_dir)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with cluster:
+        print(f"{args.prefill}P{args.decode}D serving {args.model} at {cluster.url}/v1 "
+              f"(logs in {args.log_dir}/); Ctrl-C stops it", flush=True)
+        try:
+            while all(i.alive() for i in cluster.instances):
+                time.sleep(1)
+            dead = [i.log.stem for i in cluster.instances if not i.alive()]
+            sys.exit(f"stopped: {', '.join(dead)} exited (see {args.log_dir}/)")
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""KV transfer between vLLM instances (prefill/decode disaggregation) on the NPU."""
