@@ -7,7 +7,7 @@ HOST      ?= 127.0.0.1
 PORT      ?= 8000
 SERVE_ARGS ?= --max-model-len 1024
 
-.PHONY: install model serve test bench
+.PHONY: install model serve test bench pd-demo
 
 install: $(STAMP)
 
@@ -23,6 +23,12 @@ model: install $(MODEL)/config.json
 
 serve: model
 	$(VENV)/bin/vllm serve $(MODEL) --device npu --host $(HOST) --port $(PORT) \
+		--served-model-name tiny-llama $(SERVE_ARGS)
+
+# Prefill/decode disaggregation on this host: 1 prefill + 1 decode instance of the tiny model
+# joined by MooncakeConnector (TCP on loopback), behind the router on $(HOST):$(PORT).
+pd-demo: model
+	$(PY) -m vllm_npu.disagg.launch $(MODEL) --host $(HOST) --port $(PORT) -- \
 		--served-model-name tiny-llama $(SERVE_ARGS)
 
 test: install

@@ -21,6 +21,7 @@ RUNS = {
                         "--eval-seeds", "100"],
     "decode_host_overlap.py": ["--batches", "1", "2", "--tokens", "8", "--repeats", "1",
                                "--engines", "async on", "async on + draft_model k=3"],
+    "pd_transfer.py": ["--lengths", "128", "--requests", "1"],
     "eplb_families.py": ["--families", "bursty", "--ranks", "16", "--layers", "2",
                          "--windows", "2", "--seeds", "tuning"],
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import json
+import re
 import socket
 import time
 from types import SimpleNamespace
@@ -287,3 +288,16 @@ def test_a_failed_prefill_cancels_the_decode_request():
     assert reply.json()["error"] == ("prefill instance http://p:1 answered 400: "
                                      "prompt too long")
     assert "decode cancelled" in log
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["m", "--prefill", "2", "--prefill-tp", "1", "2", "4"],
+     "--prefill-tp takes one TP size or 2 \\(one per instance\\), got 3"),
+    (["m", "--decode", "0"], "--decode and --decode-tp must be >= 1"),
+])
+def test_launcher_refuses_bad_layouts(argv, message, capsys):
+    from vllm_npu.disagg.launch import main
+
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert re.search(message, capsys.readouterr().err)

@@ -2,7 +2,7 @@
 --device npu` prefill and decode instances, vLLM's MooncakeConnector (the NPU subclass), the
 plugin's router; greedy tokens through the router against HF transformers (float32).
 
-Three deployments, each started once per module:
+Three deployments, each started once for its test class (one alive at a time):
 - Llama 2P1D: a TP=1 and a TP=2 prefill instance (heterogeneous TP: the decode side
   reorders the TP=2 producer's block slices), one decode instance. It also serves the
   prefix-cache, transfer-error and killed-prefill cases (the kill is the module's last test).
@@ -26,7 +26,10 @@ from tests.e2e.reference import hf_greedy, random_prompt
 from vllm_npu.disagg.launch import PDCluster
 
 TOKENS = 12
-SERVE = ["--max-model-len", "1024", "--max-num-seqs", "16", "--seed", "0"]
+# Every instance holds a simulated KV cache in host memory: 128 MiB each, not the default
+# 0.92 x NPU_SIM_MEMORY_GB (3.7 GiB), or a few deployments exhaust a 24 GiB machine.
+SERVE = ["--max-model-len", "1024", "--max-num-seqs", "16", "--seed", "0",
+         "--kv-cache-memory-bytes", str(128 << 20)]
 DEAD_PEER_BOUND_S = 30  # probes 2 s apart x 3 misses, plus a loaded 2-core machine
 
 
@@ -81,52 +84,6 @@ def cluster(model: str, log_dir, dtype: str, **kw) -> PDCluster:
                      **kw)
 
 
-@pytest.fixture(scope="module")
-def llama_2p1d(tiny_models, parity_dtype, tmp_path_factory):
-    path = tiny_models["llama"]
-    with cluster(path, tmp_path_factory.mktemp("pd-2p1d"), parity_dtype,
-                 prefill_tp=(1, 2), decode_tp=(1,)) as c:
-        yield c, path
-
-
-def test_2p1d_concurrent_requests_match_hf_with_kv_from_the_connector(llama_2p1d):
-    c, path = llama_2p1d
-    v = vocab(path)
-    prompts = [random_prompt(100 + i, 5 + 19 * i, v) for i in range(16)]
-    decode = c.decodes[0].url
-    d0 = sources(decode)
-    p0 = [metric(p.url, "vllm:prompt_tokens_total") for p in c.prefills]
-    with cf.ThreadPoolExecutor(16) as pool:
-        replies = list(pool.map(lambda p: ask(c.url, p, path), prompts))
-    assert [tokens(r) for r in replies] == [hf_greedy(path, p, TOKENS) for p in prompts]
-    # Every prompt token on the decode side came over the connector.
-    assert delta(sources(decode), d0) == {
-        "local_compute": 0, "local_cache_hit": 0,
-        "external_kv_transfer": sum(map(len, prompts))}
-    # Both prefill instances (TP=1 and TP=2) computed prompts.
-    grew = [metric(p.url, "vllm:prompt_tokens_total") - b for p, b in zip(c.prefills, p0)]
-    assert min(grew) > 0 and sum(grew) == sum(map(len, prompts))
-    wait_idle([p.url for p in c.prefills] + [decode])
-
-
-def test_decode_side_prefix_cache_hits(llama_2p1d):
-    """A prompt the decode side has cached, whole blocks of it: those come from its own
-    prefix cache, only the rest over the connector; tokens stay HF's."""
-    c, path = llama_2p1d
-    decode = c.decodes[0].url
-    prompt = random_prompt(7, 300, vocab(path))         # 2 full 128-token blocks + 44
-    want = hf_greedy(path, prompt, TOKENS)
-    assert tokens(ask(c.url, prompt, path)) == want
-    before = sources(decode)
-    for _ in range(2):                                  # both prefill instances in turn
-        assert tokens(ask(c.url, prompt, path)) == want
-    assert delta(sources(decode), before) == {
-        "local_compute": 0, "local_cache_hit": 2 * 256, "external_kv_transfer": 2 * 44}
-    longer = prompt + random_prompt(8, 100, vocab(path))
-    assert tokens(ask(c.url, longer, path)) == hf_greedy(path, longer, TOKENS)
-    wait_idle([p.url for p in c.prefills] + [decode])
-
-
 def _pull(c: PDCluster, prefill, engine_id: str, prompt, model) -> requests.Response:
     """Ask the decode instance for a request whose KV `prefill` is to send (the router's
     decode half, without its prefill half)."""
@@ -136,52 +93,98 @@ def _pull(c: PDCluster, prefill, engine_id: str, prompt, model) -> requests.Resp
         "transfer_id": f"xfer-{uuid.uuid4().hex}"})
 
 
-def test_a_transfer_error_fails_only_that_request(llama_2p1d):
-    c, path = llama_2p1d
-    prompt = random_prompt(9, 50, vocab(path))
-    t0 = time.time()
-    reply = _pull(c, c.prefills[0], "no-such-engine", prompt, path)
-    assert reply.status_code == 500 and time.time() - t0 < 30
-    log = c.decodes[0].log.read_text()
-    assert "remote engine_id no-such-engine not found from bootstrap server" in log
-    wait_idle([c.decodes[0].url])
-    assert tokens(ask(c.url, prompt, path)) == hf_greedy(path, prompt, TOKENS)
+@pytest.fixture(scope="class")
+def llama_2p1d(tiny_models, parity_dtype, tmp_path_factory):
+    path = tiny_models["llama"]
+    with cluster(path, tmp_path_factory.mktemp("pd-2p1d"), parity_dtype,
+                 prefill_tp=(1, 2), decode_tp=(1,)) as c:
+        yield c, path
 
 
-def test_prefill_killed_during_a_transfer(llama_2p1d):
-    """The decode side waits for KV a prefill instance holds; the instance is killed; the
-    request fails within the probe bound, its blocks are freed, and the deployment keeps
-    serving through the other prefill instance (the router names the dead one)."""
-    c, path = llama_2p1d
-    dead, live = c.prefills
-    decode = c.decodes[0].url
-    engine_id = requests.get(f"http://127.0.0.1:{dead.bootstrap_port}/query",
-                             timeout=30).json()["0"]["engine_id"]
-    prompt = random_prompt(10, 200, vocab(path))
-    result: dict = {}
-    waiting = threading.Thread(target=lambda: result.update(
-        reply=_pull(c, dead, engine_id, prompt, path), at=time.time()))
-    waiting.start()
-    deadline = time.time() + 60
-    while metric(decode, "vllm:kv_cache_usage_perc") == 0:   # the pull holds its blocks
-        assert time.time() < deadline, "the decode side never allocated the pull's blocks"
-        time.sleep(0.2)
-    killed = time.time()
-    c.kill(dead)
-    waiting.join(timeout=120)
-    assert result["reply"].status_code == 500
-    assert result["at"] - killed < DEAD_PEER_BOUND_S
-    assert "stopped accepting connections" in c.decodes[0].log.read_text()
-    wait_idle([decode])
-    replies = [ask(c.url, prompt, path) for _ in range(2)]   # round robin: dead, live
-    ok = [r for r in replies if r.status_code == 200]
-    failed = [r for r in replies if r.status_code != 200]
-    assert len(ok) == 1 and tokens(ok[0]) == hf_greedy(path, prompt, TOKENS)
-    assert failed[0].status_code == 502 and dead.url in failed[0].json()["error"]
-    wait_idle([live.url, decode])
+class TestLlama2P1D:
+    """TP=1 and TP=2 prefill instances, one decode instance."""
+
+    def test_2p1d_concurrent_requests_match_hf_with_kv_from_the_connector(self, llama_2p1d):
+        c, path = llama_2p1d
+        v = vocab(path)
+        prompts = [random_prompt(100 + i, 5 + 19 * i, v) for i in range(16)]
+        decode = c.decodes[0].url
+        d0 = sources(decode)
+        p0 = [metric(p.url, "vllm:prompt_tokens_total") for p in c.prefills]
+        with cf.ThreadPoolExecutor(16) as pool:
+            replies = list(pool.map(lambda p: ask(c.url, p, path), prompts))
+        assert [tokens(r) for r in replies] == [hf_greedy(path, p, TOKENS) for p in prompts]
+        # Every prompt token on the decode side came over the connector.
+        assert delta(sources(decode), d0) == {
+            "local_compute": 0, "local_cache_hit": 0,
+            "external_kv_transfer": sum(map(len, prompts))}
+        # Both prefill instances (TP=1 and TP=2) computed prompts.
+        grew = [metric(p.url, "vllm:prompt_tokens_total") - b for p, b in zip(c.prefills, p0)]
+        assert min(grew) > 0 and sum(grew) == sum(map(len, prompts))
+        wait_idle([p.url for p in c.prefills] + [decode])
+
+    def test_decode_side_prefix_cache_hits(self, llama_2p1d):
+        """A prompt the decode side has cached, whole blocks of it: those come from its own
+        prefix cache, only the rest over the connector; tokens stay HF's."""
+        c, path = llama_2p1d
+        decode = c.decodes[0].url
+        prompt = random_prompt(7, 300, vocab(path))         # 2 full 128-token blocks + 44
+        want = hf_greedy(path, prompt, TOKENS)
+        assert tokens(ask(c.url, prompt, path)) == want
+        before = sources(decode)
+        for _ in range(2):                                  # both prefill instances in turn
+            assert tokens(ask(c.url, prompt, path)) == want
+        assert delta(sources(decode), before) == {
+            "local_compute": 0, "local_cache_hit": 2 * 256, "external_kv_transfer": 2 * 44}
+        longer = prompt + random_prompt(8, 100, vocab(path))
+        assert tokens(ask(c.url, longer, path)) == hf_greedy(path, longer, TOKENS)
+        wait_idle([p.url for p in c.prefills] + [decode])
+
+    def test_a_transfer_error_fails_only_that_request(self, llama_2p1d):
+        c, path = llama_2p1d
+        prompt = random_prompt(9, 50, vocab(path))
+        t0 = time.time()
+        reply = _pull(c, c.prefills[0], "no-such-engine", prompt, path)
+        assert reply.status_code == 500 and time.time() - t0 < 30
+        log = c.decodes[0].log.read_text()
+        assert "remote engine_id no-such-engine not found from bootstrap server" in log
+        wait_idle([c.decodes[0].url])
+        assert tokens(ask(c.url, prompt, path)) == hf_greedy(path, prompt, TOKENS)
+
+    def test_prefill_killed_during_a_transfer(self, llama_2p1d):
+        """The decode side waits for KV a prefill instance holds; the instance is killed; the
+        request fails within the probe bound, its blocks are freed, and the deployment keeps
+        serving through the other prefill instance (the router names the dead one)."""
+        c, path = llama_2p1d
+        dead, live = c.prefills
+        decode = c.decodes[0].url
+        engine_id = requests.get(f"http://127.0.0.1:{dead.bootstrap_port}/query",
+                                 timeout=30).json()["0"]["engine_id"]
+        prompt = random_prompt(10, 200, vocab(path))
+        result: dict = {}
+        waiting = threading.Thread(target=lambda: result.update(
+            reply=_pull(c, dead, engine_id, prompt, path), at=time.time()))
+        waiting.start()
+        deadline = time.time() + 60
+        while metric(decode, "vllm:kv_cache_usage_perc") == 0:   # the pull holds its blocks
+            assert time.time() < deadline, "the decode side never allocated the pull's blocks"
+            time.sleep(0.2)
+        killed = time.time()
+        c.kill(dead)
+        waiting.join(timeout=120)
+        assert result["reply"].status_code == 500
+        assert result["at"] - killed < DEAD_PEER_BOUND_S
+        assert "stopped accepting connections" in c.decodes[0].log.read_text()
+        wait_idle([decode])
+        replies = [ask(c.url, prompt, path) for _ in range(2)]   # round robin: dead, live
+        ok = [r for r in replies if r.status_code == 200]
+        failed = [r for r in replies if r.status_code != 200]
+        assert len(ok) == 1 and tokens(ok[0]) == hf_greedy(path, prompt, TOKENS)
+        assert failed[0].status_code == 502 and dead.url in failed[0].json()["error"]
+        wait_idle([live.url, decode])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def llama_decode_tp2(tiny_models, parity_dtype, tmp_path_factory):
     path = tiny_models["llama"]
     with cluster(path, tmp_path_factory.mktemp("pd-dtp2"), parity_dtype,
@@ -189,22 +192,25 @@ def llama_decode_tp2(tiny_models, parity_dtype, tmp_path_factory):
         yield c, path
 
 
-def test_prefill_tp_below_decode_tp_is_refused_and_recomputed(llama_decode_tp2):
-    c, path = llama_decode_tp2
-    decode = c.decodes[0].url
-    prompts = [random_prompt(20 + i, 30 + 40 * i, vocab(path)) for i in range(3)]
-    before = sources(decode)
-    assert [tokens(ask(c.url, p, path)) for p in prompts] == \
-        [hf_greedy(path, p, TOKENS) for p in prompts]
-    assert delta(sources(decode), before) == {
-        "local_compute": sum(map(len, prompts)), "local_cache_hit": 0,
-        "external_kv_transfer": 0}
-    assert ("the prefill instance runs tensor parallel size 1 and this decode instance 2"
-            in c.decodes[0].log.read_text())
-    wait_idle([c.prefills[0].url, decode])
+class TestPrefillTPBelowDecodeTP:
+    """Prefill TP=1 -> decode TP=2, kv_load_failure_policy=recompute."""
+
+    def test_prefill_tp_below_decode_tp_is_refused_and_recomputed(self, llama_decode_tp2):
+        c, path = llama_decode_tp2
+        decode = c.decodes[0].url
+        prompts = [random_prompt(20 + i, 30 + 40 * i, vocab(path)) for i in range(3)]
+        before = sources(decode)
+        assert [tokens(ask(c.url, p, path)) for p in prompts] == \
+            [hf_greedy(path, p, TOKENS) for p in prompts]
+        assert delta(sources(decode), before) == {
+            "local_compute": sum(map(len, prompts)), "local_cache_hit": 0,
+            "external_kv_transfer": 0}
+        assert ("the prefill instance runs tensor parallel size 1 and this decode instance 2"
+                in c.decodes[0].log.read_text())
+        wait_idle([c.prefills[0].url, decode])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def mla_p_tp2(parity_dtype, tmp_path_factory):
     from vllm_npu.testing.tiny_model import build_tiny_model
 
@@ -216,18 +222,21 @@ def mla_p_tp2(parity_dtype, tmp_path_factory):
         yield c, path
 
 
-def test_mla_latent_cache_over_the_connector(mla_p_tp2):
-    c, path = mla_p_tp2
-    decode = c.decodes[0].url
-    prompts = [random_prompt(30 + i, 9 + 37 * i, vocab(path)) for i in range(8)]
-    before = sources(decode)
-    with cf.ThreadPoolExecutor(8) as pool:
-        replies = list(pool.map(lambda p: ask(c.url, p, path), prompts))
-    assert [tokens(r) for r in replies] == [hf_greedy(path, p, TOKENS) for p in prompts]
-    assert delta(sources(decode), before) == {
-        "local_compute": 0, "local_cache_hit": 0,
-        "external_kv_transfer": sum(map(len, prompts))}
-    # A repeat: its first full block from the decode side's own cache.
-    assert tokens(ask(c.url, prompts[-1], path)) == hf_greedy(path, prompts[-1], TOKENS)
-    assert sources(decode)["local_cache_hit"] - before["local_cache_hit"] == 256
-    wait_idle([c.prefills[0].url, decode])
+class TestMLA:
+    """DeepSeek-V3-style MLA, prefill TP=2 -> decode TP=1."""
+
+    def test_mla_latent_cache_over_the_connector(self, mla_p_tp2):
+        c, path = mla_p_tp2
+        decode = c.decodes[0].url
+        prompts = [random_prompt(30 + i, 9 + 37 * i, vocab(path)) for i in range(8)]
+        before = sources(decode)
+        with cf.ThreadPoolExecutor(8) as pool:
+            replies = list(pool.map(lambda p: ask(c.url, p, path), prompts))
+        assert [tokens(r) for r in replies] == [hf_greedy(path, p, TOKENS) for p in prompts]
+        assert delta(sources(decode), before) == {
+            "local_compute": 0, "local_cache_hit": 0,
+            "external_kv_transfer": sum(map(len, prompts))}
+        # A repeat: its first full block from the decode side's own cache.
+        assert tokens(ask(c.url, prompts[-1], path)) == hf_greedy(path, prompts[-1], TOKENS)
+        assert sources(decode)["local_cache_hit"] - before["local_cache_hit"] == 256
+        wait_idle([c.prefills[0].url, decode])

@@ -20,7 +20,7 @@ NPU_MOONCAKE_MODULE = "vllm_npu.distributed.kv_transfer.mooncake"
 # The transport per device: TCP between host buffers for the simulated NPU (whose KV cache
 # is host memory); Mooncake's Ascend transport (HCCS / RoCE between NPU memories, the
 # protocol vllm-ascend initialises its engine with) on a device.
-PROTOCOLS = {True: ("tcp",), False: ("ascend", "tcp")}
+PROTOCOLS = {True: ("tcp",), False: ("ascend",)}
 # A pulling decode worker probes its prefill worker this often, and gives the pull up after
 # this many failed probes in a row (liveness.py).
 PROBE_KEYS = (("peer_probe_interval_s", float, 2.0), ("peer_probe_misses", int, 3))
