@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,13 +11,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from vllm_npu.disagg.launch import free_port
+
 STARTUP_S = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def vllm_cmd(*args: str) -> list[str]:
