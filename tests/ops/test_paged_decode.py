@@ -1,0 +1,205 @@
+"""The in-place paged decode kernel (`ops/sim/paged_decode.py`) and the padded row groups
+of FIA's multi-token rows, against float64 references computed here from each request's
+logical K/V (never from the paged cache)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vllm_npu.ops.sim import npu_fused_infer_attention_score
+from vllm_npu.ops.sim.attention import row_groups
+from vllm_npu.ops.sim.paged_decode import paged_decode, supports
+
+BS = 128
+
+
+def _paged(logical: list[torch.Tensor], num_blocks: int, seed: int):
+    """Scatter each request's [len, H, D] rows into a shuffled paged cache."""
+    g = torch.Generator().manual_seed(seed)
+    free = torch.randperm(num_blocks, generator=g).tolist()  # first: same seed, same blocks
+    h, d = logical[0].shape[1:]
+    cache = torch.randn(num_blocks, BS, h, d, generator=g).to(logical[0].dtype)
+    width = max(-(-len(x) // BS) for x in logical)
+    table = torch.zeros(len(logical), max(width, 1), dtype=torch.int32)
+    for b, rows in enumerate(logical):
+        for c in range(-(-len(rows) // BS)):
+            blk = free.pop()
+            table[b, c] = blk
+            part = rows[c * BS:(c + 1) * BS]
+            cache[blk, :len(part)] = part
+    return cache, table
+
+
+def _reference(q, keys, values, scale, window=None, q_rope=None, k_rope=None):
+    """Per request, float64: softmax over the visible keys, then values."""
+    out, lse = [], []
+    n_heads = q.shape[1]
+    for b, (k, v) in enumerate(zip(keys, values)):
+        lo = 0 if window is None else max(0, len(k) - 1 - window)
+        k, v = k[lo:].double(), v[lo:].double()
+        if len(k) == 0:
+            out.append(torch.zeros(n_heads, v.shape[-1], dtype=torch.float64))
+            lse.append(torch.full((n_heads,), -math.inf, dtype=torch.float64))
+            continue
+        group = n_heads // k.shape[1]
+        kk = k.repeat_interleave(group, dim=1)  # [L, N, D]
+        scores = torch.einsum("nd,lnd->nl", q[b].double(), kk)
+        if q_rope is not None:
+            kr = k_rope[b][lo:].double().repeat_interleave(group, dim=1)
+            scores += torch.einsum("nd,lnd->nl", q_rope[b].double(), kr)
+        scores *= scale
+        lse.append(torch.logsumexp(scores, -1))
+        probs = torch.softmax(scores, -1)
+        out.append(torch.einsum("nl,lnd->nd", probs, v.repeat_interleave(group, dim=1)))
+    return torch.stack(out), torch.stack(lse)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 4, 32), (8, 2, 64), (16, 1, 128)])
+@pytest.mark.parametrize("window", [None, 5, 300])
+def test_decode_matches_reference(dtype, heads, kv_heads, dim, window):
+    lens = [1, 127, 128, 129, 300, 517, 0, 64]
+    g = torch.Generator().manual_seed(heads + dim)
+    keys = [torch.randn(n, kv_heads, dim, generator=g).to(dtype) for n in lens]
+    values = [torch.randn(n, kv_heads, dim, generator=g).to(dtype) for n in lens]
+    k_cache, table = _paged(keys, 48, seed=1)
+    v_cache, _ = _paged(values, 48, seed=1)  # same seed: the same block for each row
+    q = torch.randn(len(lens), heads, dim, generator=g).to(dtype)
+    scale = 1 / math.sqrt(dim)
+    out, lse = paged_decode(q, k_cache, v_cache, kv_heads, table, torch.tensor(lens), scale,
+                            window)
+    ref_out, ref_lse = _reference(q, keys, values, scale, window)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), ref_out, **tol)
+    torch.testing.assert_close(lse.double(), ref_lse.float().double(), atol=1e-5, rtol=1e-5)
+    assert out[6].abs().sum() == 0 and lse[6].eq(-math.inf).all()  # no key: zero, -inf
+
+
+def test_decode_with_rope_planes_matches_reference():
+    """The MLA form: scores add q_rope . k_rope, values are the nope plane."""
+    lens = [3, 200, 129]
+    g = torch.Generator().manual_seed(7)
+    nope = [torch.randn(n, 1, 32, generator=g) for n in lens]
+    rope = [torch.randn(n, 1, 16, generator=g) for n in lens]
+    n_cache, table = _paged(nope, 12, seed=3)
+    r_cache, _ = _paged(rope, 12, seed=3)
+    q = torch.randn(3, 8, 32, generator=g)
+    q_rope = torch.randn(3, 8, 16, generator=g)
+    out, lse = paged_decode(q, n_cache, n_cache, 1, table, torch.tensor(lens), 0.2,
+                            query_rope=q_rope, key_rope=r_cache)
+    ref_out, ref_lse = _reference(q, nope, nope, 0.2, q_rope=q_rope, k_rope=rope)
+    torch.testing.assert_close(out.double(), ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_reads_only_the_table_blocks():
+    """Rows past kv_len and blocks outside a request's table never reach its output."""
+    keys = [torch.randn(130, 2, 32)]
+    values = [torch.randn(130, 2, 32)]
+    k_cache, table = _paged(keys, 6, seed=5)
+    v_cache, _ = _paged(values, 6, seed=5)
+    q = torch.randn(1, 2, 32)
+    before = paged_decode(q, k_cache, v_cache, 2, table, torch.tensor([130]), 0.1)[0]
+    poisoned_k, poisoned_v = k_cache.clone(), v_cache.clone()
+    others = [b for b in range(6) if b not in table[0].tolist()]
+    poisoned_k[others] = float("nan")
+    poisoned_v[others] = float("nan")
+    last = int(table[0, 1])
+    poisoned_k[last, 2:] = float("nan")  # past token 129
+    poisoned_v[last, 2:] = float("nan")
+    after = paged_decode(q, poisoned_k, poisoned_v, 2, table, torch.tensor([130]), 0.1)[0]
+    assert torch.equal(before, after)
+
+
+def test_float16_caches_are_left_to_the_dense_path():
+    assert supports(torch.zeros(1, dtype=torch.float32), torch.zeros(1, dtype=torch.float32))
+    assert supports(torch.zeros(1, dtype=torch.bfloat16))
+    assert not supports(torch.zeros(1, dtype=torch.float16))
+    assert not supports(torch.zeros(1, dtype=torch.float32), torch.zeros(1, dtype=torch.bfloat16))
+
+
+def test_fia_mixed_batch_decode_rows_in_place_prefill_rows_grouped():
+    """One FIA call with decode rows (kernel) and prefills of several lengths (padded
+    groups), float16 too (dense path for its decode rows): equal to the reference."""
+    q_lens = [1, 40, 1, 40, 7, 300, 1]
+    kv_lens = [150, 40, 9, 60, 7, 300, 260]
+    for dtype in (torch.float32, torch.float16):
+        g = torch.Generator().manual_seed(11)
+        keys = [torch.randn(n, 2, 64, generator=g).to(dtype) for n in kv_lens]
+        values = [torch.randn(n, 2, 64, generator=g).to(dtype) for n in kv_lens]
+        k_cache, table = _paged(keys, 40, seed=9)
+        v_cache, _ = _paged(values, 40, seed=9)
+        T = sum(q_lens)
+        q = torch.randn(T, 4, 64, generator=g).to(dtype)
+        ends = torch.tensor(q_lens).cumsum(0).tolist()
+        out, _ = npu_fused_infer_attention_score(
+            q, k_cache.view(40, BS, -1), v_cache.view(40, BS, -1),
+            atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1),
+            actual_seq_lengths=ends, actual_seq_lengths_kv=kv_lens, block_table=table,
+            num_heads=4, num_key_value_heads=2, scale=0.125, input_layout="TND",
+            sparse_mode=3, block_size=BS)
+        start = 0
+        for b, (nq, nk) in enumerate(zip(q_lens, kv_lens)):
+            k = keys[b].double().repeat_interleave(2, dim=1)
+            v = values[b].double().repeat_interleave(2, dim=1)
+            scores = torch.einsum("qnd,knd->nqk", q[start:start + nq].double(), k) * 0.125
+            causal = torch.arange(nk).view(1, -1) <= torch.arange(nq).view(-1, 1) + nk - nq
+            probs = torch.softmax(scores.masked_fill(~causal, -math.inf), -1)
+            ref = torch.einsum("nqk,knd->qnd", probs, v)
+            tol = 1e-5 if dtype == torch.float32 else 3e-3
+            torch.testing.assert_close(out[start:start + nq].double(), ref, atol=tol, rtol=tol)
+            start += nq
+
+
+def test_row_groups_batch_equal_rows_and_bound_padding():
+    rows = list(range(6))
+    assert row_groups(rows, [128] * 6, [128] * 6) == [[0, 1, 2, 3, 4, 5]]
+    q_lens = [2000, 10, 10, 12, 9]
+    kv_lens = [2000, 10, 10, 12, 9]
+    groups = row_groups(list(range(5)), q_lens, kv_lens)
+    assert groups[0] == [0]  # a long prompt runs alone
+    assert sorted(b for grp in groups for b in grp) == list(range(5))
+    for grp in groups:
+        padded = len(grp) * max(q_lens[b] for b in grp) * max(kv_lens[b] for b in grp)
+        assert padded <= 1.25 * sum(q_lens[b] * kv_lens[b] for b in grp)
+    assert len(groups) == 3  # [2000], then the short rows two by two
+    assert row_groups([], [], []) == []
+
+
+def test_decode_leaves_the_cache_resizable():
+    """Sleep mode frees the KV cache with an in-place storage resize; `Tensor.numpy()`
+    would have pinned the storage for good."""
+    k, v = torch.randn(4, BS, 2, 32), torch.randn(4, BS, 2, 32)
+    table = torch.tensor([[0], [1]], dtype=torch.int32)
+    paged_decode(torch.randn(2, 4, 32), k, v, 2, table, torch.tensor([5, 7]), 0.1)
+    for cache in (k, v, table):
+        cache.untyped_storage().resize_(0)
+        assert cache.untyped_storage().nbytes() == 0
+
+
+def test_fia_batch_of_equal_prompts_is_plain_causal_attention():
+    """Three whole prompts of one length share one padded call (the unmasked causal
+    kernel); each row equals its own causal softmax."""
+    g = torch.Generator().manual_seed(4)
+    n, length = 3, 50
+    q = torch.randn(n * length, 4, 32, generator=g)
+    k = torch.randn(n * length, 2, 32, generator=g)
+    v = torch.randn(n * length, 2, 32, generator=g)
+    ends = [length * (i + 1) for i in range(n)]
+    out, _ = npu_fused_infer_attention_score(
+        q, k, v, atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1),
+        actual_seq_lengths=ends, actual_seq_lengths_kv=ends, num_heads=4,
+        num_key_value_heads=2, scale=0.2, input_layout="TND", sparse_mode=3)
+    assert len(row_groups(list(range(n)), [length] * n, [length] * n)) == 1
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    for i in range(n):
+        rows = slice(i * length, (i + 1) * length)
+        kk = k[rows].double().repeat_interleave(2, dim=1)
+        vv = v[rows].double().repeat_interleave(2, dim=1)
+        scores = torch.einsum("qnd,knd->nqk", q[rows].double(), kk) * 0.2
+        probs = torch.softmax(scores.masked_fill(~causal, -math.inf), -1)
+        torch.testing.assert_close(out[rows].double(), torch.einsum("nqk,knd->qnd", probs, vv),
+                                   atol=1e-5, rtol=1e-5)
