@@ -16,6 +16,7 @@ everything `execute_model` does outside the model forward. Medians over the pure
 steps.
 
     python benchmarks/step_overhead.py [--iters 200] [--engine-batches 1 4 16 64 256]
+        [--no-peer]
 """
 from __future__ import annotations
 
@@ -149,7 +150,9 @@ def engine_table(args: argparse.Namespace) -> None:
 
     from vllm_npu.testing.tiny_model import build_tiny_model
 
-    sides = {"vllm_npu": sys.executable, f"vLLM CPU {PEER_VERSION}": str(build_peer())}
+    sides = {"vllm_npu": sys.executable}
+    if args.peer:
+        sides[f"vLLM CPU {PEER_VERSION}"] = str(build_peer())
     measured = {}
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_model(f"{tmp}/qwen2", "qwen2", seed=1234)
@@ -162,20 +165,28 @@ def engine_table(args: argparse.Namespace) -> None:
             if out.returncode != 0:
                 raise RuntimeError(f"{side} engine run failed:\n{out.stderr[-3000:]}")
             measured[side] = {int(k): v for k, v in json.loads(result.read_text()).items()}
-    ours, peer = measured.values()
+    ours = measured["vllm_npu"]
+    peer = next((v for k, v in measured.items() if k != "vllm_npu"), None)
     print("\nWhole runner, per decode step, µs (medians): prepare = vLLM _prepare_inputs, "
           "metadata = attention metadata build, update = ACL graph task updates, host = "
           "execute_model outside the forward (update included)\n")
-    print("| batch | prepare | metadata | update | host | host / request | vLLM CPU prepare "
-          "| vLLM CPU metadata | vLLM CPU host | host ratio |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    head = "| batch | prepare | metadata | update | host | host / request |"
+    rule = "|---:|---:|---:|---:|---:|---:|"
+    if peer:
+        head += " vLLM CPU prepare | vLLM CPU metadata | vLLM CPU host | host ratio |"
+        rule += "---:|---:|---:|---:|"
+    print(head)
+    print(rule)
     for batch in args.engine_batches:
-        a, b = ours[batch], peer[batch]
-        print(f"| {batch} | {a['_prepare_inputs']:.0f} | {a['_build_attention_metadata']:.0f} "
-              f"| {a['graph_update']:.0f} | {a['host']:.0f} | {a['host'] / batch:.1f} | "
-              f"{b['_prepare_inputs']:.0f} | {b['_build_attention_metadata']:.0f} | "
-              f"{b['host']:.0f} | {a['host'] / b['host']:.2f} |")
-
+        a = ours[batch]
+        row = (f"| {batch} | {a['_prepare_inputs']:.0f} | "
+               f"{a['_build_attention_metadata']:.0f} | {a['graph_update']:.0f} | "
+               f"{a['host']:.0f} | {a['host'] / batch:.1f} |")
+        if peer:
+            b = peer[batch]
+            row += (f" {b['_prepare_inputs']:.0f} | {b['_build_attention_metadata']:.0f} | "
+                    f"{b['host']:.0f} | {a['host'] / b['host']:.2f} |")
+        print(row)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -185,6 +196,8 @@ def main() -> None:
     parser.add_argument("--engine-batches", type=int, nargs="*", default=[1, 4, 16, 64, 256],
                         help="batches for table 2 (none: skip it)")
     parser.add_argument("--engine-steps", type=int, default=32)
+    parser.add_argument("--no-peer", dest="peer", action="store_false",
+                        help="table 2 for this plugin only (no peer venv)")
     parser.add_argument("--engine-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)

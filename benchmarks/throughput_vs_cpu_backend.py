@@ -13,7 +13,7 @@ Report seeds: model 1234, prompts 2026 (the simulator's defaults were tuned on m
 0 / prompt seed 1 with tools/profile_steps.py, never on these).
 
     python benchmarks/throughput_vs_cpu_backend.py [--rounds 3]
-        [--workloads 128x128+128 64x512+128]
+        [--workloads 128x128+128 64x512+128] [--no-peer]
 """
 from __future__ import annotations
 
@@ -82,6 +82,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workloads", type=parse_workload, nargs="+",
                     default=[(128, 128, 128), (64, 512, 128)])
+    ap.add_argument("--no-peer", dest="peer", action="store_false",
+                    help="time this plugin only (no peer venv: the test suite's smoke run)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -96,31 +98,37 @@ def main() -> None:
 
     from vllm_npu.testing.tiny_model import build_tiny_model
 
-    sides = {"vllm_npu (simulated NPU)": sys.executable,
-             f"vLLM CPU {PEER_VERSION}": build_peer()}
+    sides = {"vllm_npu (simulated NPU)": sys.executable}
+    if args.peer:
+        sides[f"vLLM CPU {PEER_VERSION}"] = build_peer()
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_model(f"{tmp}/qwen2", "qwen2", seed=MODEL_SEED)
         summary = []
         for shape in args.workloads:
             n, p, o = shape
             print(f"\n{n} prompts x ({p} prompt + {o} output tokens), float32, greedy\n")
-            print("| round | " + " | ".join(f"{name} tok/s" for name in sides)
-                  + " | ratio | same tokens |")
-            print("| ---: | " + " | ".join("---:" for _ in sides) + " | ---: | --- |")
+            extra = " ratio | same tokens |" if args.peer else ""
+            print("| round | " + " | ".join(f"{name} tok/s" for name in sides) + " |" + extra)
+            print("| ---: | " + " | ".join("---:" for _ in sides) + " |"
+                  + (" ---: | --- |" if args.peer else ""))
             ratios = []
             for r in range(args.rounds):
-                ours, theirs = (run_one(python, model, shape, tmp) for python in sides.values())
-                ratios.append(ours["tok_s"] / theirs["tok_s"])
-                same = sum(a == b for a, b in zip(ours["tokens"], theirs["tokens"]))
-                print(f"| {r + 1} | {ours['tok_s']:,.0f} | {theirs['tok_s']:,.0f} | "
-                      f"{ratios[-1]:.2f} | {same}/{n} |", flush=True)
-            summary.append((f"{n}x{p}+{o}", statistics.median(ratios)))
-        print("\nmedian ratio (vllm_npu simulated NPU / vLLM CPU backend)\n")
-        print("| workload | median ratio |")
-        print("| --- | ---: |")
-        for name, ratio in summary:
-            print(f"| {name} | {ratio:.2f} |")
-
+                runs = [run_one(python, model, shape, tmp) for python in sides.values()]
+                row = f"| {r + 1} | " + " | ".join(f"{x['tok_s']:,.0f}" for x in runs) + " |"
+                if args.peer:
+                    ours, theirs = runs
+                    ratios.append(ours["tok_s"] / theirs["tok_s"])
+                    same = sum(a == b for a, b in zip(ours["tokens"], theirs["tokens"]))
+                    row += f" {ratios[-1]:.2f} | {same}/{n} |"
+                print(row, flush=True)
+            if ratios:
+                summary.append((f"{n}x{p}+{o}", statistics.median(ratios)))
+        if summary:
+            print("\nmedian ratio (vllm_npu simulated NPU / vLLM CPU backend)\n")
+            print("| workload | median ratio |")
+            print("| --- | ---: |")
+            for name, ratio in summary:
+                print(f"| {name} | {ratio:.2f} |")
 
 if __name__ == "__main__":
     main()

