@@ -72,8 +72,10 @@ def _decode(q, q_rope, k_cache, k_rope, v_cache, table, kv_lens, first, scale, o
     bs, H, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
     g = N // H
     longest = max(1, (kv_lens - first).max())
-    keys = np.empty((H, D + R, longest), np.float32)  # one request's keys, per head
-    vbuf = np.empty((longest, H, Dv), v_cache.dtype)  # transposed: scores are axpys
+    # one request's keys transposed per head (scores become axpys over tokens), and its
+    # values as stored
+    keys = np.empty((H, D + R, longest), np.float32)
+    vbuf = np.empty((longest, H, Dv), v_cache.dtype)
     scores = np.empty((g, longest), np.float32)
     acc = np.empty((g, Dv), np.float32)
     for b in range(B):
