@@ -1,12 +1,16 @@
-"""The package's one native build step: the CPU HCCL simulator.
+"""The package's native build step: two plain shared libraries loaded with ctypes.
 
-`csrc/hccl_sim.c` -> `vllm_npu/distributed/libhccl_sim.so`, a plain shared library that
-`vllm_npu/distributed/hccl_library.py` loads with ctypes (not a Python extension module:
-no `PyInit_` symbol, and its own file name). setuptools' build_ext compiles it for wheels,
-sdists built into wheels and editable installs alike (`make install` runs `pip install
--e .`), so the wheel is a platform wheel. Without a C compiler the install still succeeds
-and says what is missing: the single-device simulated NPU does not need the library,
-tensor/pipeline parallelism on the simulated NPU does. Everything else is pyproject.toml.
+- `csrc/hccl_sim.c` -> `vllm_npu/distributed/libhccl_sim.so`, the CPU HCCL simulator
+  (`vllm_npu/distributed/hccl_library.py` loads it as it would CANN's libhccl.so);
+- `csrc/sim_kernels.c` -> `vllm_npu/ops/sim/libnpu_sim_kernels.so`, the simulated NPU's
+  native kernels (paged decode attention, `vllm_npu/ops/sim/paged_decode.py`).
+
+Neither is a Python extension module (no `PyInit_` symbol, their own file names).
+setuptools' build_ext compiles them for wheels, sdists built into wheels and editable
+installs alike (`make install` runs `pip install -e .`), so the wheel is a platform wheel.
+Without a C compiler the install still succeeds and says what is missing: the simulated
+NPU then runs decode attention through its dense PyTorch path, and tensor/pipeline
+parallelism on the simulated NPU is refused. Everything else is pyproject.toml.
 """
 from __future__ import annotations
 
@@ -15,40 +19,53 @@ import os
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-SIMULATOR = "vllm_npu.distributed.libhccl_sim"
-LIBRARY = "libhccl_sim.so"
+# extension name -> (library file, what is lost without it)
+LIBRARIES = {
+    "vllm_npu.distributed.libhccl_sim": (
+        "libhccl_sim.so", "tensor/pipeline/data parallelism on the simulated NPU needs it"),
+    "vllm_npu.ops.sim.libnpu_sim_kernels": (
+        "libnpu_sim_kernels.so", "the simulated NPU's decode attention falls back to its "
+        "slower dense PyTorch path"),
+}
+COMMON = ["-std=gnu11", "-Wall", "-Wextra", "-pthread", "-fvisibility=hidden"]
 
 
-class BuildHcclSimulator(build_ext):
+class BuildPlainLibraries(build_ext):
     def get_ext_filename(self, fullname: str) -> str:
         # asked with the dotted name (outputs, copies) and with its last part (link target)
-        if fullname == SIMULATOR:
-            return os.path.join(*SIMULATOR.split(".")[:-1], LIBRARY)
-        if fullname == SIMULATOR.rpartition(".")[2]:
-            return LIBRARY
+        for name, (library, _) in LIBRARIES.items():
+            if fullname == name:
+                return os.path.join(*name.split(".")[:-1], library)
+            if fullname == name.rpartition(".")[2]:
+                return library
         return super().get_ext_filename(fullname)
 
     def get_export_symbols(self, ext: Extension) -> list[str]:
-        return [] if ext.name == SIMULATOR else super().get_export_symbols(ext)
+        return [] if ext.name in LIBRARIES else super().get_export_symbols(ext)
 
     def build_extension(self, ext: Extension) -> None:
         try:
             super().build_extension(ext)
         except Exception as e:  # no compiler, or a compiler that cannot build it
-            if ext.name != SIMULATOR:
+            if ext.name not in LIBRARIES:
                 raise
-            self.warn(
-                "vllm_npu: the CPU HCCL simulator (libhccl_sim.so) was NOT built "
-                f"({type(e).__name__}: {e}). The single-device simulated NPU works without "
-                "it; tensor/pipeline/data parallelism on the simulated NPU needs it: "
-                "install a C compiler (gcc) and reinstall vllm_npu.")
+            library, loss = LIBRARIES[ext.name]
+            self.warn(f"vllm_npu: {library} was NOT built ({type(e).__name__}: {e}). The "
+                      f"plugin works without it, but {loss}: install a C compiler (gcc) "
+                      "and reinstall vllm_npu.")
 
 
 setup(
-    ext_modules=[Extension(
-        SIMULATOR, sources=["csrc/hccl_sim.c"], depends=["csrc/hccl_sim.h"],
-        extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-pthread",
-                            "-fvisibility=hidden"],
-        extra_link_args=["-pthread"], libraries=["rt"])],
-    cmdclass={"build_ext": BuildHcclSimulator},
+    ext_modules=[
+        Extension("vllm_npu.distributed.libhccl_sim", sources=["csrc/hccl_sim.c"],
+                  depends=["csrc/hccl_sim.h"], extra_compile_args=["-O2", *COMMON],
+                  extra_link_args=["-pthread"], libraries=["rt"]),
+        # -fopenmp-simd: the `omp simd` reductions only (no OpenMP runtime); no
+        # -ffast-math, which would set flush-to-zero for the whole process
+        Extension("vllm_npu.ops.sim.libnpu_sim_kernels", sources=["csrc/sim_kernels.c"],
+                  extra_compile_args=["-O3", *COMMON, "-fopenmp-simd", "-fno-math-errno",
+                                      "-fno-trapping-math", "-Wno-psabi"],
+                  extra_link_args=["-pthread"], libraries=["m"]),
+    ],
+    cmdclass={"build_ext": BuildPlainLibraries},
 )

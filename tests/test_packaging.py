@@ -74,10 +74,11 @@ def test_the_wheel_is_a_platform_wheel_holding_the_simulator(dists):
     assert not wheel.name.endswith("-none-any.whl"), wheel.name
     names = zipfile.ZipFile(wheel).namelist()
     assert "vllm_npu/distributed/libhccl_sim.so" in names
+    assert "vllm_npu/ops/sim/libnpu_sim_kernels.so" in names
     import tarfile
 
     members = tarfile.open(dists["sdist"]).getnames()
-    for src in ("csrc/hccl_sim.c", "csrc/hccl_sim.h", "setup.py"):
+    for src in ("csrc/hccl_sim.c", "csrc/hccl_sim.h", "csrc/sim_kernels.c", "setup.py"):
         assert any(m.endswith(src) for m in members), src
 
 
@@ -191,7 +192,8 @@ def test_without_a_c_compiler_the_build_says_so_and_still_succeeds(dists, tmp_pa
         env=dict(env, CC="false"))
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout + done.stderr
-    assert "the CPU HCCL simulator (libhccl_sim.so) was NOT built" in out
+    for library in ("libhccl_sim.so", "libnpu_sim_kernels.so"):
+        assert f"vllm_npu: {library} was NOT built" in out
     assert "install a C compiler (gcc) and reinstall vllm_npu" in out
     (wheel,) = tmp_path.glob("vllm_npu-*.whl")
     assert not any(n.endswith(".so") for n in zipfile.ZipFile(wheel).namelist())

@@ -203,3 +203,123 @@ def test_fia_batch_of_equal_prompts_is_plain_causal_attention():
         probs = torch.softmax(scores.masked_fill(~causal, -math.inf), -1)
         torch.testing.assert_close(out[rows].double(), torch.einsum("nqk,knd->qnd", probs, vv),
                                    atol=1e-5, rtol=1e-5)
+
+
+def _batch(n_req: int, heads: int, kv_heads: int, dim: int, seed: int, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, 400, (n_req,), generator=g).tolist()
+    keys = [torch.randn(n, kv_heads, dim, generator=g).to(dtype) for n in lens]
+    values = [torch.randn(n, kv_heads, dim, generator=g).to(dtype) for n in lens]
+    blocks = sum(-(-n // BS) for n in lens) + 3
+    k_cache, table = _paged(keys, blocks, seed=seed)
+    v_cache, _ = _paged(values, blocks, seed=seed)
+    q = torch.randn(n_req, heads, dim, generator=g).to(dtype)
+    return q, keys, values, k_cache, v_cache, table, torch.tensor(lens)
+
+
+def test_results_do_not_depend_on_the_kernel_threads(monkeypatch):
+    """A batch large enough to be split over helper threads: 1, 2 and 5 threads give
+    bit-identical results (each request is computed by one thread), equal to the
+    reference."""
+    from vllm_npu.ops.sim import paged_decode as pd
+
+    q, keys, values, k_cache, v_cache, table, lens = _batch(96, 8, 2, 64, seed=21)
+    results = []
+    for n in (1, 2, 5):
+        monkeypatch.setattr(pd, "threads", lambda n=n: n)
+        results.append(paged_decode(q, k_cache, v_cache, 2, table, lens, 0.125))
+    for out, lse in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
+    ref_out, ref_lse = _reference(q, keys, values, 0.125)
+    torch.testing.assert_close(results[0][0].double(), ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(results[0][1].double(), ref_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_concurrent_callers_each_get_their_own_result():
+    import threading
+
+    batches = [_batch(40, 4, 2, 32, seed=s) for s in (31, 32, 33)]
+    outs = [None] * len(batches)
+
+    def run(i):
+        q, _, _, k_cache, v_cache, table, lens = batches[i]
+        for _ in range(5):
+            outs[i] = paged_decode(q, k_cache, v_cache, 2, table, lens, 0.2)[0]
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(len(batches))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    for (q, keys, values, *_), out in zip(batches, outs):
+        torch.testing.assert_close(out.double(), _reference(q, keys, values, 0.2)[0],
+                                   atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_sizes_not_a_multiple_of_eight(dtype):
+    """Rows are widened and zero-padded to the kernel's 8-float steps: D = 20 with a
+    12-wide rope plane, and D = 36 without one."""
+    g = torch.Generator().manual_seed(8)
+    lens = [3, 130, 257]
+    nope = [torch.randn(n, 1, 20, generator=g).to(dtype) for n in lens]
+    rope = [torch.randn(n, 1, 12, generator=g).to(dtype) for n in lens]
+    n_cache, table = _paged(nope, 12, seed=2)
+    r_cache, _ = _paged(rope, 12, seed=2)
+    q, q_rope = torch.randn(3, 6, 20, generator=g).to(dtype), \
+        torch.randn(3, 6, 12, generator=g).to(dtype)
+    out, lse = paged_decode(q, n_cache, n_cache, 1, table, torch.tensor(lens), 0.3,
+                            query_rope=q_rope, key_rope=r_cache)
+    ref_out, ref_lse = _reference(q, nope, nope, 0.3, q_rope=q_rope, k_rope=rope)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out.double(), ref_out, **tol)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-4, rtol=1e-4)
+
+    q, keys, values, k_cache, v_cache, table, lens = _batch(5, 4, 2, 36, seed=3, dtype=dtype)
+    out, _ = paged_decode(q, k_cache, v_cache, 2, table, lens, 0.2)
+    torch.testing.assert_close(out.double(), _reference(q, keys, values, 0.2)[0], **tol)
+
+
+def test_block_ids_outside_the_cache_and_short_tables_are_refused():
+    k, v = torch.randn(4, BS, 2, 32), torch.randn(4, BS, 2, 32)
+    q = torch.randn(2, 4, 32)
+    with pytest.raises(ValueError, match=r"block id outside \[0, 4\)"):
+        paged_decode(q, k, v, 2, torch.tensor([[0], [7]], dtype=torch.int32),
+                     torch.tensor([5, 7]), 0.1)
+    with pytest.raises(ValueError, match=r"past its block table row \(1 blocks of 128\)"):
+        paged_decode(q, k, v, 2, torch.tensor([[0], [1]], dtype=torch.int32),
+                     torch.tensor([5, 129]), 0.1)
+
+
+def test_without_the_native_library_the_callers_use_the_dense_path(monkeypatch):
+    """An install without a C compiler has no kernel library: `supports` says no and ATB
+    paged attention computes the same result through gather + SDPA."""
+    from vllm_npu.ops.sim import paged_decode as pd
+    from vllm_npu.ops.sim.attention import _npu_paged_attention
+
+    q, keys, values, k_cache, v_cache, table, lens = _batch(6, 4, 2, 32, seed=12)
+    ref = _reference(q, keys, values, 0.25)[0]
+    for kernel, native in ((pd._kernel, True), (lambda: None, False)):
+        monkeypatch.setattr(pd, "_kernel", kernel)
+        assert pd.supports(k_cache, v_cache) is native
+        out = torch.empty_like(q)
+        _npu_paged_attention(q, k_cache, v_cache, 2, 4, 0.25, table, lens.int(), out)
+        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_kernel_threads_come_from_the_environment(monkeypatch):
+    from vllm_npu.ops.sim import paged_decode as pd
+
+    pd.threads.cache_clear()
+    try:
+        monkeypatch.setenv("NPU_SIM_KERNEL_THREADS", "3")
+        assert pd.threads() == 3
+        pd.threads.cache_clear()
+        monkeypatch.delenv("NPU_SIM_KERNEL_THREADS")
+        assert pd.threads() == len(__import__("os").sched_getaffinity(0))
+        pd.threads.cache_clear()
+        monkeypatch.setenv("NPU_SIM_KERNEL_THREADS", "0")
+        with pytest.raises(ValueError, match=r"NPU_SIM_KERNEL_THREADS='0' must be > 0"):
+            pd.threads()
+    finally:
+        pd.threads.cache_clear()

@@ -30,9 +30,13 @@ def _npu_reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: to
                          f"{slot_indices.dtype} {tuple(slot_indices.shape)}")
     capacity = key_cache.shape[0] * key_cache.shape[1]
     slots = slot_indices.long()
-    if slots.numel() and int(slots.max()) >= capacity:
-        raise NPUOpError(f"{op}: slot indices must be < {capacity} (negative = padding, "
-                         f"skipped), got max {int(slots.max())}")
-    keep = slots >= 0  # PAD_SLOT_ID (-1) marks padding tokens of a graph batch
-    key_cache.view(capacity, *key_cache.shape[2:])[slots[keep]] = key[keep]
-    value_cache.view(capacity, *value_cache.shape[2:])[slots[keep]] = value[keep]
+    if slots.numel():
+        lowest, highest = (int(v) for v in torch.aminmax(slots))
+        if highest >= capacity:
+            raise NPUOpError(f"{op}: slot indices must be < {capacity} (negative = padding, "
+                             f"skipped), got max {highest}")
+        if lowest < 0:  # PAD_SLOT_ID (-1) marks padding tokens of a graph batch
+            keep = slots >= 0
+            slots, key, value = slots[keep], key[keep], value[keep]
+    key_cache.view(capacity, *key_cache.shape[2:]).index_copy_(0, slots, key)
+    value_cache.view(capacity, *value_cache.shape[2:]).index_copy_(0, slots, value)

@@ -1,0 +1,375 @@
+/* The simulated NPU's native kernels: one-query-token attention over a paged KV cache.
+ *
+ * What the device's paged-attention kernels compute (ATB PagedAttentionOperation, the
+ * single-token rows of npu_fused_infer_attention_score, MLA decode): for request b and
+ * query head n, softmax(scale * q . K[first_b : len_b]) . V over the keys of its KV head
+ * n / (N / H), read where they lie in the block table's blocks, never gathered into a
+ * padded copy. float32 arithmetic (bf16 caches widened on load); writes out [B, N, Dv]
+ * float32 and, when asked, lse [B, N] (-inf and a zero row for a request with no key).
+ *
+ * Called through ctypes (vllm_npu/ops/sim/native.py); plain C11, no Python API. Work is
+ * split by request over a small pool of threads that sleep on a condition variable
+ * between calls (no spinning: the host thread of the engine shares these cores).
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* Vector clones for x86-64 (AVX-512, AVX2+FMA) chosen at load time by the CPU, so one
+ * wheel runs everywhere at the speed of the machine; aarch64's NEON is its baseline. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CLONES
+#endif
+
+typedef struct {
+    const float *q, *q_rope;           /* [B, N, D] and [B, N, R], contiguous */
+    const void *k, *k_rope, *v;        /* caches: float32 or bf16 bits (uint16) */
+    int64_t k_blk, k_tok, k_head;      /* element strides; the last dim is contiguous */
+    int64_t kr_blk, kr_tok, kr_head;
+    int64_t v_blk, v_tok, v_head;
+    const int32_t *table;              /* [B, table_stride] block ids */
+    int64_t table_stride;
+    const int64_t *first, *lens;       /* keys [first[b], lens[b]) of request b */
+    float *out, *lse;                  /* [B, N, Dv]; [B, N] or NULL */
+    int64_t B, N, H, D, R, Dv, bs;
+    int64_t num_blocks;                /* every table entry read must be below it */
+    float scale;
+    int32_t bf16;
+} pd_args;
+
+/* ---- per-thread scratch ------------------------------------------------------------ */
+
+typedef struct {
+    float *scores;  /* [N, longest] */
+    float *q;       /* [N, W]: scale * (q | q_rope), zero-padded to W */
+    float *rows;    /* [8, W] widened key rows, or [Dv] one value row */
+    float *acc;     /* [N, Dv] */
+    size_t cap_scores, cap_q, cap_rows, cap_acc;
+} scratch;
+
+static int grow(float **p, size_t *cap, size_t n) {
+    if (*cap >= n) return 0;
+    float *q = realloc(*p, n * sizeof(float));
+    if (!q) return -1;
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+/* ---- arithmetic ------------------------------------------------------------------- */
+
+/* GCC/Clang vector extensions: AVX/AVX-512 or NEON code from one source. */
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+static inline v8 load8(const float *p) {
+    v8 x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
+/* [sum(p[0]), ..., sum(p[7])]: three rounds of pairwise interleave-and-add. */
+static inline v8 hsum8x8(const v8 p[8]) {
+    const v8i even = {0, 8, 2, 10, 4, 12, 6, 14}, odd = {1, 9, 3, 11, 5, 13, 7, 15};
+    const v8i lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
+    const v8i lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
+    v8 s[4], t[2];
+    for (int i = 0; i < 4; i++)
+        s[i] = __builtin_shuffle(p[2 * i], p[2 * i + 1], even) +
+               __builtin_shuffle(p[2 * i], p[2 * i + 1], odd);
+    for (int i = 0; i < 2; i++)
+        t[i] = __builtin_shuffle(s[2 * i], s[2 * i + 1], lo2) +
+               __builtin_shuffle(s[2 * i], s[2 * i + 1], hi2);
+    return __builtin_shuffle(t[0], t[1], lo4) + __builtin_shuffle(t[0], t[1], hi4);
+}
+
+/* q . rows[i] for 8 rows of W floats (W a multiple of 8) */
+static inline v8 dots8(const float *q, const float *const rows[8], int64_t W) {
+    v8 p[8] = {0};
+    for (int64_t d = 0; d < W; d += 8) {
+        const v8 qd = load8(q + d);
+        for (int i = 0; i < 8; i++) p[i] += qd * load8(rows[i] + d);
+    }
+    return hsum8x8(p);
+}
+
+static inline void widen(float *dst, const void *src, int64_t n, int bf16) {
+    if (!bf16) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    const uint16_t *s = src;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t bits = (uint32_t)s[i] << 16;  /* bf16 is the top half of a float32 */
+        memcpy(dst + i, &bits, sizeof bits);
+    }
+}
+
+/* exp(x) for x <= 0 within ~2 ulp: x = k ln2 + r, |r| <= ln2 / 2, degree-7 Taylor
+ * polynomial for e^r, 2^k put into the exponent bits. Arguments below -87 give ~1e-38
+ * (never a denormal, whose arithmetic is ~100x slower on x86). */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float k = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - k * 0.693359375f + k * 2.12194440e-4f;  /* ln2 split hi/lo */
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t bits = ((int32_t)k + 127) << 23;
+    float two_k;
+    memcpy(&two_k, &bits, sizeof two_k);
+    return p * two_k;
+}
+
+/* 0, or -2 when request b's keys reach past its table row or into a block id outside
+ * [0, num_blocks): refused before any read (the callers check the device's rules first;
+ * this keeps a slip from reading outside the cache). */
+static int check_blocks(const pd_args *a, int64_t b) {
+    const int64_t lo = a->first[b], hi = a->lens[b];
+    if (hi <= lo) return 0;
+    if (lo < 0 || (hi - 1) / a->bs >= a->table_stride) return -2;
+    const int32_t *blocks = a->table + b * a->table_stride;
+    for (int64_t c = lo / a->bs; c <= (hi - 1) / a->bs; c++)
+        if (blocks[c] < 0 || blocks[c] >= a->num_blocks) return -2;
+    return 0;
+}
+
+static inline int64_t padded(int64_t n) { return (n + 7) & ~(int64_t)7; }
+
+/* Key rows read in place: float32 caches whose head dim is a multiple of 8, no rope. */
+static inline int keys_in_place(const pd_args *a) {
+    return !a->bf16 && a->R == 0 && a->D % 8 == 0;
+}
+
+CLONES
+static void one_request(const pd_args *a, int64_t b, scratch *s) {
+    const int64_t N = a->N, H = a->H, D = a->D, R = a->R, Dv = a->Dv, g = N / H;
+    const int64_t W = keys_in_place(a) ? D : padded(D) + padded(R);
+    const int64_t lo = a->first[b], hi = a->lens[b], n = hi - lo;
+    float *out = a->out + b * N * Dv;
+    if (n <= 0) {
+        memset(out, 0, (size_t)(N * Dv) * sizeof(float));
+        if (a->lse)
+            for (int64_t i = 0; i < N; i++) a->lse[b * N + i] = -INFINITY;
+        return;
+    }
+    const size_t esz = a->bf16 ? 2 : 4;
+    const int32_t *blocks = a->table + b * a->table_stride;
+    float *sc = s->scores, *acc = s->acc, *qs = s->q;
+
+    /* the queries, scaled, as [N, W] rows laid out like the widened key rows */
+    memset(qs, 0, (size_t)(N * W) * sizeof(float));
+    for (int64_t i = 0; i < N; i++) {
+        const float *qv = a->q + (b * N + i) * D, *qr = a->q_rope + (b * N + i) * R;
+        for (int64_t d = 0; d < D; d++) qs[i * W + d] = qv[d] * a->scale;
+        for (int64_t d = 0; d < R; d++) qs[i * W + padded(D) + d] = qr[d] * a->scale;
+    }
+    /* scores[n, t] = q_n . k_t (+ q_rope_n . k_rope_t), eight keys at a time, every
+     * head of a token row before the next rows (each cache line fetched once) */
+    for (int64_t t0 = 0; t0 < n; t0 += 8) {
+        const int64_t m = n - t0 < 8 ? n - t0 : 8;
+        for (int64_t h = 0; h < H; h++) {
+            const float *rows[8];
+            for (int i = 0; i < 8; i++) {
+                const int64_t t = t0 + (i < m ? i : m - 1);  /* past the end: a repeat */
+                const int64_t pos = lo + t, blk = blocks[pos / a->bs], off = pos % a->bs;
+                const char *k = (const char *)a->k +
+                    (size_t)(blk * a->k_blk + off * a->k_tok + h * a->k_head) * esz;
+                if (keys_in_place(a)) {
+                    rows[i] = (const float *)k;
+                    continue;
+                }
+                float *row = s->rows + i * W;
+                memset(row, 0, (size_t)W * sizeof(float));
+                widen(row, k, D, a->bf16);
+                if (R)
+                    widen(row + padded(D), (const char *)a->k_rope +
+                          (size_t)(blk * a->kr_blk + off * a->kr_tok + h * a->kr_head) * esz,
+                          R, a->bf16);
+                rows[i] = row;
+            }
+            for (int64_t j = 0; j < g; j++) {
+                const int64_t qn = h * g + j;
+                const v8 r = dots8(qs + qn * W, rows, W);
+                for (int64_t i = 0; i < m; i++) sc[qn * n + t0 + i] = r[i];
+            }
+        }
+    }
+    /* softmax numerators in place; their sums normalise at the end */
+    float sums[N];
+    for (int64_t i = 0; i < N; i++) {
+        float *srow = sc + i * n, m = srow[0], total = 0.0f;
+#pragma omp simd reduction(max : m)
+        for (int64_t t = 1; t < n; t++) m = srow[t] > m ? srow[t] : m;
+#pragma omp simd reduction(+ : total)
+        for (int64_t t = 0; t < n; t++) {
+            srow[t] = exp_nonpositive(srow[t] - m);
+            total += srow[t];
+        }
+        sums[i] = total;
+        if (a->lse) a->lse[b * N + i] = m + logf(total);
+    }
+    /* acc[n] = sum_t p[n, t] v_t */
+    memset(acc, 0, (size_t)(N * Dv) * sizeof(float));
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t pos = lo + t, blk = blocks[pos / a->bs], off = pos % a->bs;
+        for (int64_t h = 0; h < H; h++) {
+            const char *src = (const char *)a->v +
+                (size_t)(blk * a->v_blk + off * a->v_tok + h * a->v_head) * esz;
+            const float *vrow = (const float *)src;
+            if (a->bf16) {
+                widen(s->rows, src, Dv, 1);
+                vrow = s->rows;
+            }
+            for (int64_t j = 0; j < g; j++) {
+                const int64_t qn = h * g + j;
+                const float p = sc[qn * n + t];
+                float *ar = acc + qn * Dv;
+                for (int64_t d = 0; d < Dv; d++) ar[d] += p * vrow[d];
+            }
+        }
+    }
+    for (int64_t i = 0; i < N; i++) {
+        const float inv = 1.0f / sums[i];
+        for (int64_t d = 0; d < Dv; d++) out[i * Dv + d] = acc[i * Dv + d] * inv;
+    }
+}
+
+/* ---- the thread pool ----------------------------------------------------------------
+ * Helpers sleep on a condition variable. A call opens a round, works through the requests
+ * itself, then closes the round and waits only for the helpers that joined it: a helper
+ * the OS has not run yet (both cores busy) never holds the call up, it finds the round
+ * closed and goes back to sleep. */
+
+#define MAX_THREADS 64
+/* below this many multiply-adds (~0.1 ms on one core) a call runs on the caller alone */
+#define WORK_PER_THREAD (1 << 21)
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t work, done;
+    int started;           /* helper threads running */
+    pid_t owner;           /* the process that started them (a fork child has none) */
+    uint64_t round;        /* bumped per call */
+    int open;              /* the current round still takes helpers */
+    int wanted;            /* helpers 1..wanted may join it */
+    int active;            /* helpers inside it */
+    const pd_args *args;
+    int64_t next;          /* next request to claim (atomically) */
+    int failed;
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER,
+          .done = PTHREAD_COND_INITIALIZER};
+
+static scratch scratches[MAX_THREADS];
+
+static int prepare(scratch *s, const pd_args *a) {
+    int64_t longest = 1;
+    for (int64_t b = 0; b < a->B; b++)
+        if (a->lens[b] - a->first[b] > longest) longest = a->lens[b] - a->first[b];
+    const int64_t W = padded(a->D) + padded(a->R);
+    const int64_t rows = 8 * W > a->Dv ? 8 * W : a->Dv;
+    return grow(&s->scores, &s->cap_scores, (size_t)(a->N * longest)) |
+           grow(&s->q, &s->cap_q, (size_t)(a->N * W)) |
+           grow(&s->rows, &s->cap_rows, (size_t)rows) |
+           grow(&s->acc, &s->cap_acc, (size_t)(a->N * a->Dv));
+}
+
+static void drain(const pd_args *a, scratch *s) {
+    if (prepare(s, a)) {
+        __atomic_store_n(&pool.failed, -1, __ATOMIC_RELAXED);
+        return;
+    }
+    for (;;) {
+        int64_t b = __atomic_fetch_add(&pool.next, 1, __ATOMIC_RELAXED);
+        if (b >= a->B) return;
+        if (check_blocks(a, b)) {
+            __atomic_store_n(&pool.failed, -2, __ATOMIC_RELAXED);
+            continue;
+        }
+        one_request(a, b, s);
+    }
+}
+
+static void *helper(void *arg) {
+    const int me = (int)(intptr_t)arg;  /* 1.. ; the caller is 0 */
+    uint64_t seen = 0;
+    pthread_mutex_lock(&pool.mu);
+    for (;;) {
+        while (pool.round == seen)
+            pthread_cond_wait(&pool.work, &pool.mu);
+        seen = pool.round;
+        if (!pool.open || me > pool.wanted) continue;
+        pool.active++;
+        const pd_args *a = pool.args;
+        pthread_mutex_unlock(&pool.mu);
+        drain(a, &scratches[me]);
+        pthread_mutex_lock(&pool.mu);
+        if (--pool.active == 0) pthread_cond_signal(&pool.done);
+    }
+    return NULL;
+}
+
+static pthread_mutex_t one_call = PTHREAD_MUTEX_INITIALIZER;
+
+static int threads_for(const pd_args *a, int threads) {
+    int64_t keys = 0;
+    for (int64_t b = 0; b < a->B; b++)
+        keys += a->lens[b] > a->first[b] ? a->lens[b] - a->first[b] : 0;
+    const int64_t work = keys * a->N * (a->D + a->R + a->Dv);
+    const int64_t useful = 1 + work / WORK_PER_THREAD;
+    if (threads > useful) threads = (int)useful;
+    if (threads > a->B) threads = (int)a->B;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    return threads < 1 ? 1 : threads;
+}
+
+/* Returns 0; -1 when scratch memory could not be allocated; -2 when a request's keys
+ * fall outside its table row or the cache (`check_blocks`). Calls are serialised
+ * (one pool, one set of scratch buffers). */
+EXPORT int npu_sim_paged_decode(const pd_args *a, int threads) {
+    pthread_mutex_lock(&one_call);
+    threads = threads_for(a, threads);
+    pthread_mutex_lock(&pool.mu);
+    if (pool.owner != getpid()) {  /* first call, or a forked child: no helpers yet */
+        pool.started = 0;
+        pool.owner = getpid();
+    }
+    while (pool.started < threads - 1) {
+        pthread_t id;
+        if (pthread_create(&id, NULL, helper, (void *)(intptr_t)(pool.started + 1)))
+            break;  /* fewer threads, same result */
+        pthread_detach(id);
+        pool.started++;
+    }
+    pool.args = a;
+    pool.next = 0;
+    pool.failed = 0;
+    pool.wanted = threads - 1;
+    pool.open = 1;
+    pool.round++;
+    if (threads > 1) pthread_cond_broadcast(&pool.work);
+    pthread_mutex_unlock(&pool.mu);
+
+    drain(a, &scratches[0]);
+
+    pthread_mutex_lock(&pool.mu);
+    pool.open = 0;
+    while (pool.active > 0) pthread_cond_wait(&pool.done, &pool.mu);
+    const int failed = pool.failed;
+    pthread_mutex_unlock(&pool.mu);
+    pthread_mutex_unlock(&one_call);
+    return failed;
+}
