@@ -66,9 +66,10 @@ NPU_PLUGIN_SIMULATE = EnvVar("NPU_PLUGIN_SIMULATE", False, _bool,
                              "1: use the simulated NPU even where torch_npu finds a device.")
 NPU_SIM_MEMORY_GB = EnvVar("NPU_SIM_MEMORY_GB", 4.0, _positive_float,
                            "Memory capacity of each simulated NPU, in GiB.")
-NPU_SIM_KERNEL_THREADS = EnvVar("NPU_SIM_KERNEL_THREADS", 0, _positive_int,
-                                "Threads of the simulated NPU's native kernels (its cores); "
-                                "unset: this process's CPUs.")
+NPU_SIM_CORES = EnvVar("NPU_SIM_CORES", 0, _positive_int,
+                       "CPU cores each simulated NPU computes with (native kernel threads, "
+                       "torch threads of eager forwards); unset: this process's CPUs / "
+                       "the ranks on this host.")
 NPU_SIM_DEVICE_COUNT = EnvVar("NPU_SIM_DEVICE_COUNT", 8, _positive_int,
                               "Number of simulated NPUs on this host.")
 

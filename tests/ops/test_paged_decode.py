@@ -226,7 +226,7 @@ def test_results_do_not_depend_on_the_kernel_threads(monkeypatch):
     q, keys, values, k_cache, v_cache, table, lens = _batch(96, 8, 2, 64, seed=21)
     results = []
     for n in (1, 2, 5):
-        monkeypatch.setattr(pd, "threads", lambda n=n: n)
+        monkeypatch.setattr(pd.cores, "device_cores", lambda n=n: n)
         results.append(paged_decode(q, k_cache, v_cache, 2, table, lens, 0.125))
     for out, lse in results[1:]:
         assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
@@ -307,19 +307,36 @@ def test_without_the_native_library_the_callers_use_the_dense_path(monkeypatch):
         torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
 
 
-def test_kernel_threads_come_from_the_environment(monkeypatch):
-    from vllm_npu.ops.sim import paged_decode as pd
+def test_device_cores_come_from_the_environment_or_the_host_share(monkeypatch):
+    import os
 
-    pd.threads.cache_clear()
+    from vllm_npu.ops.sim import cores
+
+    cpus = len(os.sched_getaffinity(0))
     try:
-        monkeypatch.setenv("NPU_SIM_KERNEL_THREADS", "3")
-        assert pd.threads() == 3
-        pd.threads.cache_clear()
-        monkeypatch.delenv("NPU_SIM_KERNEL_THREADS")
-        assert pd.threads() == len(__import__("os").sched_getaffinity(0))
-        pd.threads.cache_clear()
-        monkeypatch.setenv("NPU_SIM_KERNEL_THREADS", "0")
-        with pytest.raises(ValueError, match=r"NPU_SIM_KERNEL_THREADS='0' must be > 0"):
-            pd.threads()
+        monkeypatch.setenv("NPU_SIM_CORES", "3")
+        cores.set_ranks_on_host(4)
+        assert cores.device_cores() == 3
+        monkeypatch.delenv("NPU_SIM_CORES")
+        cores.set_ranks_on_host(1)
+        assert cores.device_cores() == cpus
+        cores.set_ranks_on_host(cpus * 2)  # more ranks than CPUs: one core each
+        assert cores.device_cores() == 1
+        monkeypatch.setenv("NPU_SIM_CORES", "0")
+        cores.set_ranks_on_host(1)
+        with pytest.raises(ValueError, match=r"NPU_SIM_CORES='0' must be > 0"):
+            cores.device_cores()
     finally:
-        pd.threads.cache_clear()
+        monkeypatch.delenv("NPU_SIM_CORES", raising=False)
+        cores.set_ranks_on_host(1)
+
+
+def test_eager_compute_threads_restore_the_host_setting():
+    import torch
+
+    from vllm_npu.ops.sim import cores
+
+    before = torch.get_num_threads()
+    with cores.eager_compute_threads():
+        assert torch.get_num_threads() == cores.device_cores()
+    assert torch.get_num_threads() == before

@@ -17,6 +17,7 @@ attention backend; only its CUDA-specific leaves change here:
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -25,6 +26,7 @@ import torch
 from vllm.compilation.cuda_graph import CUDAGraphWrapper
 from vllm.compilation.monitor import set_cudagraph_capturing_enabled
 from vllm.config import CUDAGraphMode
+from vllm.forward_context import get_forward_context
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.workspace import lock_workspace
 
@@ -32,8 +34,10 @@ from vllm_npu.attention import prefill_context_parallel as pcp
 from vllm_npu.compilation.acl_graph import ACLGraphWrapper
 from vllm_npu.compilation.graph_params import GRAPH_PARAMS, update_attention_tasks
 from vllm_npu.config import get_npu_config
+from vllm_npu.device import select_backend
 from vllm_npu.eplb.adaptor import moe_layers
 from vllm_npu.moe import expert_map
+from vllm_npu.ops.sim import cores
 from vllm_npu.worker.seeded_sampling import CPUGeneratorRewind
 
 logger = logging.getLogger("vllm.npu")
@@ -41,6 +45,7 @@ logger = logging.getLogger("vllm.npu")
 
 class NPUModelRunner(CPUGeneratorRewind, GPUModelRunner):
     npu_eplb = None  # EplbUpdator when EPLB is on (vLLM's own EplbState stays off)
+    simulated = select_backend().simulated
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         super().load_model(*args, **kwargs)
@@ -101,12 +106,17 @@ class NPUModelRunner(CPUGeneratorRewind, GPUModelRunner):
                        positions: torch.Tensor | None = None, intermediate_tensors=None,
                        inputs_embeds: torch.Tensor | None = None, **model_kwargs: Any) -> Any:
         world = self.parallel_config.prefill_context_parallel_size
-        if world > 1:
-            return self._pcp_forward(world, input_ids, positions, inputs_embeds,
-                                     **model_kwargs)
-        return super()._model_forward(input_ids=input_ids, positions=positions,
-                                      intermediate_tensors=intermediate_tensors,
-                                      inputs_embeds=inputs_embeds, **model_kwargs)
+        # eager forwards (prefill) compute on the simulated device's cores; replays keep
+        # vLLM's one torch thread (ops/sim/cores.py)
+        eager = self.simulated and \
+            get_forward_context().cudagraph_runtime_mode != CUDAGraphMode.FULL
+        with cores.eager_compute_threads() if eager else contextlib.nullcontext():
+            if world > 1:
+                return self._pcp_forward(world, input_ids, positions, inputs_embeds,
+                                         **model_kwargs)
+            return super()._model_forward(input_ids=input_ids, positions=positions,
+                                          intermediate_tensors=intermediate_tensors,
+                                          inputs_embeds=inputs_embeds, **model_kwargs)
 
     def _pcp_forward(self, world: int, input_ids, positions, inputs_embeds, **model_kwargs):
         """This rank's chunk of the tokens through the model, then every rank's hidden

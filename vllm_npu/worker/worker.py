@@ -18,6 +18,7 @@ from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environmen
 from vllm.v1.worker.worker_base import CompilationTimes
 
 from vllm_npu.device import log_backend, select_backend
+from vllm_npu.ops.sim import cores
 from vllm_npu.worker.accelerator import on_npu_runtime
 from vllm_npu.worker.sleep import SleepState
 
@@ -34,6 +35,9 @@ class NPUWorker(Worker):
         log_backend()
         if self.simulated:
             self.device = torch.device("cpu")
+            parallel = self.parallel_config  # ranks sharing this host's CPUs
+            cores.set_ranks_on_host(parallel.local_world_size
+                                    * max(1, parallel.data_parallel_size_local))
         else:
             self.device = torch.device(f"npu:{self.local_rank}")
             current_platform.set_device(self.device)

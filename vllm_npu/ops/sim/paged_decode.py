@@ -4,7 +4,7 @@ The simulated decode kernels (ATB `_npu_paged_attention`, the single-token rows 
 `npu_fused_infer_attention_score`, MLA decode) run `csrc/sim_kernels.c` through ctypes: it
 walks each request's block table and reads K/V rows where they lie, as the device kernels
 do, vectorised (AVX-512 / AVX2 clones picked by the CPU) and split by request over
-`NPU_SIM_KERNEL_THREADS` threads, the simulated device's cores.
+the simulated device's cores (`cores.device_cores`).
 
 Arithmetic in float32 (bf16 caches widened on load), softmax with the row maximum
 subtracted; results within ~1e-6 of the dense float32 reference. float16 caches, and an
@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from pathlib import Path
 
 import torch
 
-from vllm_npu import envs
+from vllm_npu.ops.sim import cores
 
 LIBRARY = Path(__file__).with_name("libnpu_sim_kernels.so")
 _CACHE_DTYPES = (torch.float32, torch.bfloat16)
@@ -47,12 +46,6 @@ def _kernel():
     fn = ctypes.CDLL(str(LIBRARY)).npu_sim_paged_decode
     fn.argtypes, fn.restype = [ctypes.POINTER(_Args), ctypes.c_int], ctypes.c_int
     return fn
-
-
-@functools.cache
-def threads() -> int:
-    """The simulated device's cores: NPU_SIM_KERNEL_THREADS, else this process's CPUs."""
-    return envs.NPU_SIM_KERNEL_THREADS.get() or len(os.sched_getaffinity(0))
 
 
 def supports(*caches: torch.Tensor) -> bool:
@@ -107,7 +100,7 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
                  B, N, num_kv_heads, D, query_rope.shape[2] if query_rope is not None else 0,
                  v.shape[3], k.shape[1], min(k.shape[0], kr.shape[0], v.shape[0]), scale,
                  k.dtype == torch.bfloat16)
-    status = _kernel()(ctypes.byref(args), threads()) if B else 0
+    status = _kernel()(ctypes.byref(args), cores.device_cores()) if B else 0
     if status == -1:
         raise MemoryError(f"paged_decode: no scratch memory for {B} requests of up to "
                           f"{int((lens - first).max())} keys")
