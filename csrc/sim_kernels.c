@@ -50,7 +50,7 @@ typedef struct {
 typedef struct {
     float *scores;  /* [N, longest] */
     float *q;       /* [N, W]: scale * (q | q_rope), zero-padded to W */
-    float *rows;    /* [8, W] widened key rows, or [Dv] one value row */
+    float *rows;    /* [8, W] widened key rows, or [8, Dv] value rows */
     float *acc;     /* [N, Dv] */
     size_t cap_scores, cap_q, cap_rows, cap_acc;
 } scratch;
@@ -222,23 +222,33 @@ static void one_request(const pd_args *a, int64_t b, scratch *s) {
         sums[i] = total;
         if (a->lse) a->lse[b * N + i] = m + logf(total);
     }
-    /* acc[n] = sum_t p[n, t] v_t */
+    /* acc[n] = sum_t p[n, t] v_t, eight values per pass over acc (one read-modify-write
+     * of acc per eight keys) */
     memset(acc, 0, (size_t)(N * Dv) * sizeof(float));
-    for (int64_t t = 0; t < n; t++) {
-        const int64_t pos = lo + t, blk = blocks[pos / a->bs], off = pos % a->bs;
+    for (int64_t t0 = 0; t0 < n; t0 += 8) {
+        const int64_t m = n - t0 < 8 ? n - t0 : 8;
         for (int64_t h = 0; h < H; h++) {
-            const char *src = (const char *)a->v +
-                (size_t)(blk * a->v_blk + off * a->v_tok + h * a->v_head) * esz;
-            const float *vrow = (const float *)src;
-            if (a->bf16) {
-                widen(s->rows, src, Dv, 1);
-                vrow = s->rows;
+            const float *v[8];
+            for (int i = 0; i < 8; i++) {
+                const int64_t t = t0 + (i < m ? i : m - 1);  /* past the end: weight 0 */
+                const int64_t pos = lo + t, blk = blocks[pos / a->bs], off = pos % a->bs;
+                const char *src = (const char *)a->v +
+                    (size_t)(blk * a->v_blk + off * a->v_tok + h * a->v_head) * esz;
+                v[i] = (const float *)src;
+                if (a->bf16) {
+                    widen(s->rows + i * Dv, src, Dv, 1);
+                    v[i] = s->rows + i * Dv;
+                }
             }
             for (int64_t j = 0; j < g; j++) {
                 const int64_t qn = h * g + j;
-                const float p = sc[qn * n + t];
+                float p[8];
+                for (int i = 0; i < 8; i++) p[i] = i < m ? sc[qn * n + t0 + i] : 0.0f;
                 float *ar = acc + qn * Dv;
-                for (int64_t d = 0; d < Dv; d++) ar[d] += p * vrow[d];
+                for (int64_t d = 0; d < Dv; d++)
+                    ar[d] += p[0] * v[0][d] + p[1] * v[1][d] + p[2] * v[2][d] +
+                             p[3] * v[3][d] + p[4] * v[4][d] + p[5] * v[5][d] +
+                             p[6] * v[6][d] + p[7] * v[7][d];
             }
         }
     }
@@ -280,7 +290,7 @@ static int prepare(scratch *s, const pd_args *a) {
     for (int64_t b = 0; b < a->B; b++)
         if (a->lens[b] - a->first[b] > longest) longest = a->lens[b] - a->first[b];
     const int64_t W = padded(a->D) + padded(a->R);
-    const int64_t rows = 8 * W > a->Dv ? 8 * W : a->Dv;
+    const int64_t rows = 8 * (W > a->Dv ? W : a->Dv);
     return grow(&s->scores, &s->cap_scores, (size_t)(a->N * longest)) |
            grow(&s->q, &s->cap_q, (size_t)(a->N * W)) |
            grow(&s->rows, &s->cap_rows, (size_t)rows) |

@@ -109,6 +109,17 @@ def _map(fn: Callable[[Any], Any], value: Any) -> Any:
     return tree_map(fn, value)
 
 
+def _leaves(value: Any) -> list:
+    """tree_leaves(value), with the same fast paths as `_map`."""
+    if isinstance(value, (torch.Tensor, _DeviceRef, *_SCALARS)):
+        return [value]
+    if type(value) in (list, tuple) and all(isinstance(v, _SCALARS) for v in value):
+        return list(value)
+    if type(value) is dict:
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    return tree_leaves(value)
+
+
 def _weaken(value: Any) -> Any:
     """`value` with every tensor replaced by its address (_DeviceRef)."""
     return _map(lambda v: _DeviceRef(v) if isinstance(v, torch.Tensor) else v, value)
@@ -267,15 +278,17 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
     extra = next((p.name for p in signature.parameters.values()
                   if p.kind is inspect.Parameter.VAR_KEYWORD), None)
 
-    def bind(args: tuple, kwargs: dict) -> dict:
+    def bind(args: tuple, kwargs: dict) -> tuple[dict, inspect.BoundArguments]:
         bound = signature.bind_partial(*args, **kwargs)
         named = dict(bound.arguments)
         named.update(named.pop(extra, {}) if extra else {})
-        return named
+        return named, bound
 
-    def frozen(args: tuple, kwargs: dict, task: bool) -> tuple[tuple, dict]:
+    def frozen(args: tuple, kwargs: dict, task: bool,
+               bound: inspect.BoundArguments | None = None) -> tuple[tuple, dict]:
         """The call as the task stores it: host arguments copied; with `task`, device
-        tensors held by address (_DeviceRef)."""
+        tensors held by address (_DeviceRef). `bound`: the call already bound (and not
+        needed any more by the caller), saving a second bind."""
         if not host_args and not task:
             return args, kwargs
 
@@ -283,7 +296,7 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
             return _snapshot(value) if name in host_args else _weaken(value) if task \
                 else value
 
-        bound = signature.bind_partial(*args, **kwargs)
+        bound = bound or signature.bind_partial(*args, **kwargs)
         for name, value in list(bound.arguments.items()):
             bound.arguments[name] = ({k: freeze(k, v) for k, v in value.items()}
                                      if name == extra else freeze(name, value))
@@ -297,7 +310,7 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
                              "dangling address): pass one from its get-workspace function "
                              "and keep it until the graph is replayed")
         for name, value in named.items():
-            for t in tree_leaves(value):
+            for t in _leaves(value):
                 if isinstance(t, torch.Tensor) and t.numel() == 0:
                     raise NPUOpError(
                         f"{op} in a graph task group with a zero-element {name} "
@@ -308,10 +321,10 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         if _state.pending is not None and current_stream() is _state.update_stream:
-            named = bind(args, kwargs)
+            named, bound = bind(args, kwargs)
             check_task_call(named)
             # becomes the task's call once graph_task_update_end has checked it
-            _state.pending.append((fn, *frozen(args, kwargs, True), _layout(named)))
+            _state.pending.append((fn, *frozen(args, kwargs, True, bound), _layout(named)))
             return None
         # (inside an update window but on another stream, a device runs the op now, with
         # these arguments, and the update receives nothing: modelled the same way)
@@ -319,7 +332,7 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
         if graph is None:
             return fn(*args, **kwargs)
         task = _state.open_task
-        named = bind(args, kwargs) if task is not None else None
+        named = bind(args, kwargs)[0] if task is not None else None
         if task is not None:
             check_task_call(named)
         with _disable_current_modes():  # the op is one task: its internals (and the
