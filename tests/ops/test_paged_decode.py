@@ -331,12 +331,20 @@ def test_device_cores_come_from_the_environment_or_the_host_share(monkeypatch):
         cores.set_ranks_on_host(1)
 
 
-def test_eager_compute_threads_restore_the_host_setting():
+def test_eager_compute_threads_restore_the_host_setting(monkeypatch):
     import torch
 
     from vllm_npu.ops.sim import cores
 
-    before = torch.get_num_threads()
-    with cores.eager_compute_threads():
-        assert torch.get_num_threads() == cores.device_cores()
-    assert torch.get_num_threads() == before
+    original = torch.get_num_threads()
+    monkeypatch.setenv("NPU_SIM_CORES", "2")
+    cores.device_cores.cache_clear()
+    try:
+        torch.set_num_threads(1)  # vLLM's serving setting
+        with cores.eager_compute_threads():
+            assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(original)
+        monkeypatch.delenv("NPU_SIM_CORES")
+        cores.device_cores.cache_clear()

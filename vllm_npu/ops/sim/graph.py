@@ -94,15 +94,21 @@ class _DeviceRef:
 
 
 _SCALARS = (int, float, bool, str, type(None), torch.dtype)
+_LEAVES = (torch.Tensor, _DeviceRef, *_SCALARS)
+
+
+def _flat(value: Any) -> bool:
+    """A list or tuple of scalars only."""
+    return type(value) in (list, tuple) and all(isinstance(v, _SCALARS) for v in value)
 
 
 def _map(fn: Callable[[Any], Any], value: Any) -> Any:
     """tree_map(fn, value), with the common leaves (a tensor, a scalar), flat lists of
     scalars and dicts handled without pytree (task updates run these for every argument,
     every step)."""
-    if isinstance(value, (torch.Tensor, _DeviceRef, *_SCALARS)):
+    if isinstance(value, _LEAVES):
         return fn(value)
-    if type(value) in (list, tuple) and all(isinstance(v, _SCALARS) for v in value):
+    if _flat(value):
         return type(value)(fn(v) for v in value)
     if type(value) is dict:
         return {k: _map(fn, v) for k, v in value.items()}
@@ -111,9 +117,9 @@ def _map(fn: Callable[[Any], Any], value: Any) -> Any:
 
 def _leaves(value: Any) -> list:
     """tree_leaves(value), with the same fast paths as `_map`."""
-    if isinstance(value, (torch.Tensor, _DeviceRef, *_SCALARS)):
+    if isinstance(value, _LEAVES):
         return [value]
-    if type(value) in (list, tuple) and all(isinstance(v, _SCALARS) for v in value):
+    if _flat(value):
         return list(value)
     if type(value) is dict:
         return [leaf for v in value.values() for leaf in _leaves(v)]

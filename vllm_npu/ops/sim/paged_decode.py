@@ -87,12 +87,12 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     k = _heads(key_cache, num_kv_heads)
     kr = _heads(key_rope, num_kv_heads) if key_rope is not None else k
     v = _heads(value_cache, num_kv_heads)
-    table = block_table.to(torch.int32).contiguous()
-    out = torch.empty(B, N, v.shape[3], dtype=torch.float32)
-    lse = torch.empty(B, N, dtype=torch.float32)
     if k.shape[3] != D or v.shape[1] != k.shape[1]:
         raise ValueError(f"paged_decode: query head dim {D} vs key cache {tuple(k.shape)}, "
                          f"value cache {tuple(v.shape)}")
+    table = block_table.to(torch.int32).contiguous()
+    out = torch.empty(B, N, v.shape[3], dtype=torch.float32)
+    lse = torch.empty(B, N, dtype=torch.float32)
     args = _Args(qf.data_ptr(), qr.data_ptr(), k.data_ptr(), kr.data_ptr(), v.data_ptr(),
                  *k.stride()[:3], *kr.stride()[:3], *v.stride()[:3],
                  table.data_ptr(), table.shape[1], first.data_ptr(), lens.data_ptr(),
