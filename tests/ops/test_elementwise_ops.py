@@ -99,6 +99,33 @@ def test_add_rms_norm_matches_reference(dtype, shape):
     torch.testing.assert_close(rstd, ref_rstd, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(1, 32), (128, 128), (7, 896), (4096, 64)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_float32_rms_norm_is_bitwise_hf(shape, threads):
+    """float32 runs one fused pass (aten _fused_rms_norm); HF's RMSNorm module (the
+    reference the model parity tests compare tokens with) must get the very same bits,
+    single- and multi-threaded (prefill runs with the device's cores)."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    g = _gen(11)
+    x = torch.randn(shape, generator=g) * 4
+    residual = torch.randn(shape, generator=g)
+    hf = LlamaRMSNorm(shape[-1], eps=1e-6)
+    with torch.no_grad():
+        hf.weight.copy_(torch.rand(shape[-1], generator=g) + 0.5)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            y, _ = npu_rms_norm(x, hf.weight.detach(), epsilon=1e-6)
+            y2, _, xsum = npu_add_rms_norm(x, residual, hf.weight.detach(), epsilon=1e-6)
+            ref, ref2 = hf(x), hf(x + residual)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(y, ref)
+    assert torch.equal(y2, ref2) and torch.equal(xsum, x + residual)
+
+
 def test_add_rms_norm_does_not_modify_inputs():
     x1 = torch.randn(3, 8, generator=_gen(5))
     x2 = torch.randn(3, 8, generator=_gen(6))
