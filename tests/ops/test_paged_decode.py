@@ -235,6 +235,19 @@ def test_results_do_not_depend_on_the_kernel_threads(monkeypatch):
     torch.testing.assert_close(results[0][1].double(), ref_lse, atol=1e-5, rtol=1e-5)
 
 
+def test_out_is_written_in_place_and_lse_can_be_skipped():
+    """`out=` (the decode ops pass their own output) receives the result without a copy;
+    without want_lse no lse is made; a wrong-shaped or non-float32 `out` is not written."""
+    q, keys, values, k_cache, v_cache, table, lens = _batch(9, 4, 2, 32, seed=5)
+    ref, _ = paged_decode(q, k_cache, v_cache, 2, table, lens, 0.2)
+    out = torch.full_like(ref, float("nan"))
+    got, lse = paged_decode(q, k_cache, v_cache, 2, table, lens, 0.2, out=out, want_lse=False)
+    assert got is out and lse is None and torch.equal(out, ref)
+    for wrong in (torch.zeros(9, 4, 16), torch.zeros(9, 4, 32, dtype=torch.float64)):
+        got, _ = paged_decode(q, k_cache, v_cache, 2, table, lens, 0.2, out=wrong)
+        assert got is not wrong and torch.equal(got, ref) and not wrong.any()
+
+
 def test_concurrent_callers_each_get_their_own_result():
     import threading
 

@@ -379,9 +379,7 @@ def _npu_fused_infer_attention_score_get_max_workspace(query: torch.Tensor, key:
     return torch.empty(_fia_workspace_bytes(query, num_heads), dtype=torch.uint8)
 
 
-def _paged_workspace_bytes(query: torch.Tensor, key_cache: torch.Tensor,
-                           context_lens: torch.Tensor) -> int:
-    longest = int(context_lens.max()) if context_lens.numel() else 0
+def _paged_workspace_bytes(query: torch.Tensor, key_cache: torch.Tensor, longest: int) -> int:
     blocks = -(-longest // key_cache.shape[1])
     return _WORKSPACE_BASE + _WORKSPACE_UNIT * query.shape[0] * query.shape[1] * blocks
 
@@ -393,8 +391,8 @@ def _npu_paged_attention_get_workspace(query: torch.Tensor, key_cache: torch.Ten
                                        out: torch.Tensor) -> torch.Tensor:
     """The workspace `_npu_paged_attention` needs for these context lengths (longer
     contexts need more)."""
-    return torch.empty(_paged_workspace_bytes(query, key_cache, context_lens),
-                       dtype=torch.uint8)
+    longest = int(context_lens.max()) if context_lens.numel() else 0
+    return torch.empty(_paged_workspace_bytes(query, key_cache, longest), dtype=torch.uint8)
 
 
 def _npu_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
@@ -433,10 +431,13 @@ def _npu_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
         raise NPUOpError(f"{op}: context length {max_len} exceeds the block table "
                          f"({block_table.shape[1]} blocks of {bs}; ATB: "
                          "max_num_blocks_per_seq >= ceil(max(contextLens) / block_size))")
-    _check_workspace(op, workspace, _paged_workspace_bytes(query, key_cache, context_lens))
+    _check_workspace(op, workspace, _paged_workspace_bytes(query, key_cache, max_len))
     if paged_decode.supports(key_cache, value_cache):
-        out.copy_(paged_decode.paged_decode(query, key_cache, value_cache, num_kv_heads,
-                                            block_table, context_lens, scale_value)[0])
+        result, _ = paged_decode.paged_decode(query, key_cache, value_cache, num_kv_heads,
+                                              block_table, context_lens, scale_value,
+                                              out=out, want_lse=False)
+        if result is not out:  # not float32: the kernel wrote a float32 copy
+            out.copy_(result)
         return
     flat_k = key_cache.view(key_cache.shape[0], bs, -1)
     flat_v = value_cache.view(value_cache.shape[0], bs, -1)
@@ -467,10 +468,11 @@ def _check_paged_limits(op: str, block_size: int, head_size: int, block_table: t
         raise NPUOpError(f"{op}: head size {head_size} with block_size {block_size}: needs "
                          f"head size in (0, {_PA_HEAD_MAX}] and block_size <= "
                          f"{_PA_WIDE_HEAD_BLOCK} above {_PA_WIDE_HEAD}")
-    if block_table.numel() and (int(block_table.min()) < 0
-                                or int(block_table.max()) >= num_blocks):
-        raise NPUOpError(f"{op}: block_table elements must lie in [0, {num_blocks}), got "
-                         f"[{int(block_table.min())}, {int(block_table.max())}]")
+    if block_table.numel():
+        lowest, highest = (int(v) for v in torch.aminmax(block_table))
+        if lowest < 0 or highest >= num_blocks:
+            raise NPUOpError(f"{op}: block_table elements must lie in [0, {num_blocks}), "
+                             f"got [{lowest}, {highest}]")
 
 
 def npu_fused_infer_attention_score_out(query: torch.Tensor, key: torch.Tensor,

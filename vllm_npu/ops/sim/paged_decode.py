@@ -69,7 +69,8 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
                  num_kv_heads: int, block_table: torch.Tensor, kv_lens: torch.Tensor,
                  scale: float, window: int | None = None,
                  query_rope: torch.Tensor | None = None,
-                 key_rope: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 key_rope: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                 want_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of one query token per request over its first kv_lens[b] cached tokens
     (the last `window` + 1 of them with a sliding window: right-down causal band).
 
@@ -77,7 +78,8 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     dtype, `supports`); block_table int32 [B, max_blocks]; kv_lens [B] ints. With
     query_rope [B, N, R] / key_rope (MLA): scores add query_rope . key_rope.
     Returns out [B, N, Dv] in query's dtype (zero rows where kv_len is 0) and lse [B, N]
-    float32."""
+    float32 (None without `want_lse`). `out`: a float32 contiguous [B, N, Dv] tensor the
+    kernel writes into directly (the decode ops' own output, saving a copy)."""
     B, N, D = query.shape
     lens = kv_lens.to(torch.int64).contiguous()
     first = (lens - 1 - window).clamp_(min=0) if window is not None \
@@ -91,12 +93,14 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
         raise ValueError(f"paged_decode: query head dim {D} vs key cache {tuple(k.shape)}, "
                          f"value cache {tuple(v.shape)}")
     table = block_table.to(torch.int32).contiguous()
-    out = torch.empty(B, N, v.shape[3], dtype=torch.float32)
-    lse = torch.empty(B, N, dtype=torch.float32)
+    if out is None or out.dtype != torch.float32 or not out.is_contiguous() \
+            or out.shape != (B, N, v.shape[3]):
+        out = torch.empty(B, N, v.shape[3], dtype=torch.float32)
+    lse = torch.empty(B, N, dtype=torch.float32) if want_lse else None
     args = _Args(qf.data_ptr(), qr.data_ptr(), k.data_ptr(), kr.data_ptr(), v.data_ptr(),
                  *k.stride()[:3], *kr.stride()[:3], *v.stride()[:3],
                  table.data_ptr(), table.shape[1], first.data_ptr(), lens.data_ptr(),
-                 out.data_ptr(), lse.data_ptr(),
+                 out.data_ptr(), lse.data_ptr() if lse is not None else None,
                  B, N, num_kv_heads, D, query_rope.shape[2] if query_rope is not None else 0,
                  v.shape[3], k.shape[1], min(k.shape[0], kr.shape[0], v.shape[0]), scale,
                  k.dtype == torch.bfloat16)
