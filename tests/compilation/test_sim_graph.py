@@ -52,6 +52,26 @@ def test_replay_recomputes_from_the_captured_input_buffers():
     assert graph.replays == 1
 
 
+def test_host_work_inside_a_capture_is_not_replayed():
+    """Ops on host tensors (sizing a workspace from host lengths) run once at capture, as
+    on a device, where CPU-tensor ops never become graph tasks; the device ops around them
+    are recorded and replayed. Outside a capture host_work changes nothing."""
+    x, lens = torch.ones(4), torch.tensor([3, 5], dtype=torch.int32)
+
+    def forward():
+        with g.host_work():
+            longest = int(torch.full_like(lens, 7).max())
+        return x * longest
+
+    graph, y = _capture(forward)
+    assert len(graph.entries) == 1 and torch.equal(y, torch.full((4,), 7.0))
+    x.fill_(2.0)
+    graph.replay()
+    assert torch.equal(y, torch.full((4,), 14.0))
+    with g.host_work():
+        assert torch.equal(lens + 1, torch.tensor([4, 6], dtype=torch.int32))
+
+
 def test_views_and_allocations_are_not_replayed_but_stay_valid():
     """A device graph records kernels only: views of captured buffers and capture-time
     allocations run no work at replay, yet the buffers they name stay alive and right."""

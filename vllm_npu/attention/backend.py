@@ -311,9 +311,10 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         so it is sized for the longest one the captured block table can address."""
         if kind == "paged_decode":
             longest = meta.block_table.shape[1] * kv_cache.shape[2]
-            lens = torch.full_like(meta.seq_lens, longest)
-            return ops._npu_paged_attention_get_workspace(
-                **self._paged_args(q, kv_cache, meta, out, seq_lens=lens))
+            with get_graph_backend().host_work():  # host lengths: not graph work
+                lens = torch.full_like(meta.seq_lens, longest)
+                return ops._npu_paged_attention_get_workspace(
+                    **self._paged_args(q, kv_cache, meta, out, seq_lens=lens))
         return _max_workspace(self._fia_args(q, kv_cache, meta))
 
     def _attend_dcp(self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

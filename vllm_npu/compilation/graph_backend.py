@@ -23,6 +23,7 @@ class GraphBackend(Protocol):
     def current_stream(self) -> Any: ...
     def stream(self, stream: Any) -> contextlib.AbstractContextManager: ...
     def new_event(self) -> Any: ...
+    def host_work(self) -> contextlib.AbstractContextManager: ...
 
 
 class SimGraphBackend:
@@ -76,6 +77,9 @@ class SimGraphBackend:
     def new_event(self):
         return self._g.ExternalEvent()
 
+    def host_work(self):
+        return self._g.host_work()
+
 
 class NPUGraphBackend:
     """A real NPU: torch_npu's NPUGraph, task groups and task updates."""
@@ -121,6 +125,9 @@ class NPUGraphBackend:
 
     def new_event(self):
         return self._npu.ExternalEvent()
+
+    def host_work(self):
+        return contextlib.nullcontext()  # ops on host tensors never enter an NPU graph
 
 
 @functools.cache

@@ -358,6 +358,20 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
     return wrapper
 
 
+@contextlib.contextmanager
+def host_work():
+    """Host-side computation inside a capture (sizing a workspace from host sequence
+    lengths): on a device, ops on CPU tensors run once on the host and never become graph
+    tasks; here every tensor is a CPU tensor, so the recorder is told. Allocations made
+    inside belong to the caller, who keeps them alive (the attention tasks' workspaces are
+    held by GRAPH_PARAMS)."""
+    if _state.capturing is None:
+        yield
+        return
+    with _disable_current_modes():
+        yield
+
+
 def is_capturing() -> bool:
     return _state.capturing is not None
 
