@@ -57,6 +57,37 @@ def test_rotary_layer_matches_vllm_native(neox, rotary_dim):
         assert torch.equal(got_q.view(tokens, heads, head)[..., rotary_dim:], tail)
 
 
+def test_rotary_rows_are_gathered_once_per_forward(mocker):
+    """Layers sharing the rope instance (vLLM's get_rope) reuse the first layer's cos/sin
+    rows within one forward; the next forward, with new positions written into the same
+    buffer, gathers again and matches vLLM's native rotary."""
+    from vllm.forward_context import set_forward_context
+
+    layer = NPURotaryEmbedding(32, 32, 256, 10000.0, True, torch.float32)
+    positions = torch.tensor([3, 4, 5])
+    q, k = _randn(3, 2 * 32, seed=7), _randn(3, 32, seed=8)
+    gather = mocker.spy(layer, "_gather_cos_sin")
+    for step in range(2):
+        if step:
+            positions.add_(50)  # the next step's positions, in place
+        with set_forward_context(None, layer_vllm_config()):
+            outs = [layer.forward_oot(positions, q.clone(), k.clone()) for _ in range(3)]
+        assert gather.call_count == step + 1
+        want_q, want_k = layer.forward_native(positions, q.clone(), k.clone())
+        for got_q, got_k in outs:
+            torch.testing.assert_close(got_q, want_q, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got_k, want_k, atol=1e-5, rtol=1e-5)
+    layer.forward_oot(positions, q.clone(), k.clone())  # no forward context: no reuse
+    layer.forward_oot(positions, q.clone(), k.clone())
+    assert gather.call_count == 4
+
+
+def layer_vllm_config():
+    from vllm.config import get_current_vllm_config
+
+    return get_current_vllm_config()
+
+
 def test_silu_and_mul_layer_matches_vllm_native():
     layer = NPUSiluAndMul()
     x = _randn(5, 2 * 48, seed=6)

@@ -8,6 +8,7 @@ expects, and applied to the first `rotary_dim` features of every head (BSND with
 from __future__ import annotations
 
 import torch
+from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 
 from vllm_npu import ops
@@ -15,7 +16,24 @@ from vllm_npu import ops
 
 @RotaryEmbedding.register_oot
 class NPURotaryEmbedding(RotaryEmbedding):
+    # vLLM's get_rope shares one instance between the layers of a model, so the rows for
+    # a forward's positions are gathered once, by the first layer, and reused by the rest
+    # (within one forward context: a captured graph then holds one gather, not one per
+    # layer; vllm-ascend likewise computes cos/sin once per step)
+    _memo: tuple | None = None
+
     def _cos_sin(self, positions: torch.Tensor, like: torch.Tensor):
+        ctx = get_forward_context() if is_forward_context_available() else None
+        memo = self._memo
+        if ctx is not None and memo is not None and memo[0] is ctx \
+                and memo[1] is positions and memo[2] == like.dtype:
+            return memo[3]
+        cos_sin = self._gather_cos_sin(positions, like)
+        # holds the context and positions only until the next forward replaces them
+        self._memo = (ctx, positions, like.dtype, cos_sin) if ctx is not None else None
+        return cos_sin
+
+    def _gather_cos_sin(self, positions: torch.Tensor, like: torch.Tensor):
         cache = self._match_cos_sin_cache_dtype(like)
         cos, sin = cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
         if self.is_neox_style:
