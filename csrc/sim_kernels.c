@@ -154,11 +154,12 @@ static inline int keys_in_place(const pd_args *a) {
     return !a->bf16 && a->R == 0 && a->D % 8 == 0;
 }
 
-/* Cache lines of token `t`'s rows (every head) requested ahead of use: a request's keys
- * sit in blocks scattered over the cache, so the hardware prefetcher, which follows one
- * address stream, stalls at every block and at every request's first rows; asking
- * PREFETCH_AHEAD tokens early keeps the loads in flight while the dots of the current
- * ones run (cold-cache decode ran ~4x slower than the same call on cached rows). */
+/* The cache lines of the rows (every head) of the token at position `pos`, requested
+ * ahead of use: a request's keys sit in blocks scattered over the cache, so the hardware
+ * prefetcher, which follows address streams, stalls at every block and at every request's
+ * first rows; asking PREFETCH_AHEAD tokens early keeps the loads in flight while the dots
+ * of the current ones run (a cold-cache call ran 3-4x slower than the same call on cached
+ * rows). */
 #define PREFETCH_AHEAD 32
 static inline void prefetch_token(const pd_args *a, const int32_t *blocks, int64_t pos,
                                   const void *cache, int64_t blk_stride, int64_t tok_stride,
