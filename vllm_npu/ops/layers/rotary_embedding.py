@@ -19,7 +19,8 @@ class NPURotaryEmbedding(RotaryEmbedding):
     # vLLM's get_rope shares one instance between the layers of a model, so the rows for
     # a forward's positions are gathered once, by the first layer, and reused by the rest
     # (within one forward context: a captured graph then holds one gather, not one per
-    # layer; vllm-ascend likewise computes cos/sin once per step)
+    # layer; vllm-ascend computes them once per step too, into module-level _cos/_sin,
+    # in ops/rotary_embedding.py update_cos_sin)
     _memo: tuple | None = None
 
     def _cos_sin(self, positions: torch.Tensor, like: torch.Tensor):
