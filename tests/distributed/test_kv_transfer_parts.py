@@ -301,3 +301,35 @@ def test_launcher_refuses_bad_layouts(argv, message, capsys):
     with pytest.raises(SystemExit):
         main(argv)
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_launch_ports_stay_out_of_the_kernels_ephemeral_range(monkeypatch):
+    """Instances bind their ports tens of seconds after launch; ports below the ephemeral
+    range cannot be taken meanwhile by a connection's client side (a 2P1D cluster once
+    failed with "Address already in use" on its bootstrap port). Never one port twice; a
+    port someone holds is skipped; an exhausted range is an error that says so."""
+    from vllm_npu.disagg import launch
+
+    low, _ = launch._ephemeral_range()
+    ports = [launch.free_port() for _ in range(50)]
+    assert len(set(ports)) == 50 and all(10000 <= p < low for p in ports)
+    # a two-port window whose first port is held by someone else
+    first = next(p for p in ports if p + 1 < low and p + 1 not in ports
+                 and _bindable(p) and _bindable(p + 1))
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", first))
+        monkeypatch.setattr(launch, "_LOWEST", first)
+        monkeypatch.setattr(launch, "_ephemeral_range", lambda: (first + 2, 60999))
+        monkeypatch.setattr(launch, "_handed_out", set())
+        assert launch.free_port() == first + 1
+        with pytest.raises(RuntimeError, match=f"no free port on 127.0.0.1 in \\[{first}, "):
+            launch.free_port()
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False

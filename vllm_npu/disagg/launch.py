@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,10 +26,39 @@ from pathlib import Path
 import requests
 
 
+_LOWEST = 10000  # ports below are often fixed ones of other services
+_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port free now, for a server that binds it later (an instance binds its ports
+    tens of seconds after launch, once its model is loaded). Chosen below the kernel's
+    ephemeral range: a port the kernel hands out itself (port 0, or the client side of
+    every outgoing connection, the health checks included) can be taken by another
+    process in between, which made an instance fail with "Address already in use".
+    Never the same port twice from one process."""
+    low = _ephemeral_range()[0]
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(_LOWEST, max(_LOWEST + 1, low))
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port on {host} in [{_LOWEST}, {low})")
 
 
 @dataclass
