@@ -28,6 +28,7 @@ import requests
 
 _LOWEST = 10000  # ports below are often fixed ones of other services
 _handed_out: set[int] = set()
+_rng = random.Random()
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -46,9 +47,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     process in between, which made an instance fail with "Address already in use".
     Never the same port twice from one process."""
     low = _ephemeral_range()[0]
-    rng = random.Random()
     for _ in range(1000):
-        port = rng.randrange(_LOWEST, max(_LOWEST + 1, low))
+        port = _rng.randrange(_LOWEST, max(_LOWEST + 1, low))
         if port in _handed_out:
             continue
         with socket.socket() as s:

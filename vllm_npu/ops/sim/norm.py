@@ -14,7 +14,7 @@ def _rms(op: str, x: torch.Tensor, gamma: torch.Tensor, epsilon: float):
                          f"dims of x {tuple(x.shape)}")
     if x.dtype == torch.float32:
         # one pass instead of six ops; bitwise equal to the formula below for float32
-        # (tests/ops/test_norm_rotary_act.py holds it), not for bf16/fp16, where the
+        # (tests/ops/test_elementwise_ops.py holds it), not for bf16/fp16, where the
         # formula rounds (x * rstd) to the input dtype before the weight multiply
         return torch.ops.aten._fused_rms_norm(x, list(gamma.shape), gamma, epsilon)
     dims = tuple(range(x.dim() - gamma.dim(), x.dim()))
