@@ -333,3 +333,22 @@ def _bindable(port: int) -> bool:
             return True
         except OSError:
             return False
+
+
+def test_launcher_environment_per_instance(monkeypatch, tmp_path):
+    """Every instance runs vLLM's real serving layout (engine processes, even when the
+    caller runs engines in-process), on the cluster's host, with the caller's extra
+    variables; a prefill instance also gets its Mooncake bootstrap port."""
+    from vllm_npu.disagg.launch import PDCluster
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    c = PDCluster("m", host="127.0.0.2", log_dir=tmp_path,
+                  env={"VLLM_WORKER_MULTIPROC_METHOD": "fork", "VLLM_HOST_IP": "override"})
+    decode, prefill = c._env(None), c._env(12345)
+    for e in (decode, prefill):
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in e
+        assert e["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+    assert decode["VLLM_HOST_IP"] == "override"  # the caller's variables win
+    assert "VLLM_MOONCAKE_BOOTSTRAP_PORT" not in decode
+    assert prefill["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "12345"
+    assert PDCluster("m", log_dir=tmp_path)._env(None)["VLLM_HOST_IP"] == "127.0.0.1"

@@ -14,16 +14,23 @@ import requests
 from vllm_npu.disagg.launch import free_port
 
 STARTUP_S = 300
+# vLLM's CLI starts engine cores and workers with spawn unless told otherwise
+# (vllm/entrypoints/common/startup.py), so each re-imports vLLM: ~12 s of CPU per process on
+# a 2-core host, most of a DP=2 server's startup. On the simulated NPU the parent holds no
+# device context, so served tests fork (DP=2 + EP serving: 87 -> 38 s). test_server.py keeps
+# the CLI's default, so the spawn path users get stays covered.
+FORK = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
 
 
 def vllm_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *args]
 
 
-def env() -> dict[str, str]:
+def env(extra: dict[str, str] | None = None) -> dict[str, str]:
     out = dict(os.environ)
     out.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # real serving layout: engine processes
-    return out
+    out.pop("VLLM_WORKER_MULTIPROC_METHOD", None)  # the CLI's default unless `extra` sets it
+    return {**out, **(extra or {})}
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -32,7 +39,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @contextlib.contextmanager
-def serve(model: str, log_dir: Path, *args: str):
+def serve(model: str, log_dir: Path, *args: str, extra_env: dict[str, str] | None = FORK):
     """Yield the server's base URL once /health answers; stop it afterwards."""
     port = free_port()
     log = log_dir / "serve.log"
@@ -40,7 +47,7 @@ def serve(model: str, log_dir: Path, *args: str):
         proc = subprocess.Popen(
             vllm_cmd(model, "--device", "npu", "--host", "127.0.0.1", "--port", str(port),
                      "--served-model-name", "tiny", *args),
-            stdout=out, stderr=subprocess.STDOUT, env=env())
+            stdout=out, stderr=subprocess.STDOUT, env=env(extra_env))
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + STARTUP_S
     try:

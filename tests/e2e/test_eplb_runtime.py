@@ -137,7 +137,8 @@ def test_dp2_ep_serving_rebalances_and_matches_hf(models, parity_dtype, tmp_path
     prompts = _prompts(path)
     with serve(path, tmp_path, "--dtype", parity_dtype, "--max-model-len", "512",
                "--max-num-batched-tokens", "64", "--data-parallel-size", "2",
-               "--enable-expert-parallel", "--enable-eplb", "--eplb-config",
+               "--enable-expert-parallel", "--api-server-count", "1", "--enable-eplb",
+               "--eplb-config",
                '{"num_redundant_experts": 2, "window_size": 4, "step_interval": 4}') as base:
         got = [complete(base, p, 12) for p in prompts]
     log = (tmp_path / "serve.log").read_text()

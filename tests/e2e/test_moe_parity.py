@@ -100,7 +100,7 @@ def test_dp2_ep_serving_matches_hf(moe_models, parity_dtype, tmp_path, model):
     prompts = _prompts(path)
     with serve(path, tmp_path, "--dtype", parity_dtype, "--max-model-len", "512",
                "--max-num-batched-tokens", "64", "--data-parallel-size", "2",
-               "--enable-expert-parallel") as base:
+               "--enable-expert-parallel", "--api-server-count", "1") as base:
         got = [complete(base, p, 12) for p in prompts]
     log = (tmp_path / "serve.log").read_text()
     assert got == _expected(path, prompts)

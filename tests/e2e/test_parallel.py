@@ -34,7 +34,8 @@ def test_tp_pp_match_single_device(tiny_models, parity_dtype, tp, pp):
 
 
 def test_data_parallel_serving_matches_single_device(tiny_models, parity_dtype, tmp_path):
-    """--data-parallel-size 2: two engine cores behind one API server and a DP coordinator."""
+    """--data-parallel-size 2: two engine cores, a DP coordinator and two API server
+    processes (vLLM's default for DP=2; the MoE DP tests run one)."""
     path = tiny_models["llama"]
     prompts = [random_prompt(60 + i, 10 + 17 * i, vocab(path)) for i in range(4)]
     with serve(path, tmp_path, "--dtype", parity_dtype, "--max-model-len", "512",

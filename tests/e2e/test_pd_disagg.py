@@ -23,6 +23,7 @@ import requests
 
 from tests.e2e.engine import vocab
 from tests.e2e.reference import hf_greedy, random_prompt
+from tests.e2e.server import FORK
 from vllm_npu.disagg.launch import PDCluster
 
 TOKENS = 12
@@ -81,7 +82,7 @@ def wait_idle(urls: list[str], timeout_s: float = 60) -> None:
 
 def cluster(model: str, log_dir, dtype: str, **kw) -> PDCluster:
     return PDCluster(model, serve_args=["--dtype", dtype, *SERVE], log_dir=log_dir,
-                     **kw)
+                     env=FORK, **kw)
 
 
 def _pull(c: PDCluster, prefill, engine_id: str, prompt, model) -> requests.Response:

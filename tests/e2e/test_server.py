@@ -17,7 +17,7 @@ from tests.e2e.server import run_cli as _run_cli
 def server(tiny_models, parity_dtype, tmp_path_factory):
     path = tiny_models["llama"]
     with serve(path, tmp_path_factory.mktemp("server"), "--dtype", parity_dtype,
-               "--max-model-len", "1024", "--seed", "0") as base:
+               "--max-model-len", "1024", "--seed", "0", extra_env=None) as base:
         yield base, path
 
 

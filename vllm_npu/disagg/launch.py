@@ -85,6 +85,7 @@ class PDCluster:
     decode_args: list[str] = field(default_factory=list)    # decode instances only
     extra_config: dict = field(default_factory=dict)        # kv_connector_extra_config
     load_failure_policy: str = "fail"   # the decode side's kv_load_failure_policy
+    env: dict[str, str] = field(default_factory=dict)  # set for every instance and the router
     log_dir: Path = Path("pd-logs")
     startup_s: float = 600.0
     instances: list[Instance] = field(default_factory=list)
@@ -105,6 +106,7 @@ class PDCluster:
         env = dict(os.environ)
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         env["VLLM_HOST_IP"] = self.host
+        env.update(self.env)
         if bootstrap_port is not None:
             env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(bootstrap_port)
         return env
