@@ -18,18 +18,11 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import socket
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _time_op(fn, barrier, seconds: float, max_iters: int = 1000) -> float:
@@ -105,9 +98,11 @@ def main() -> None:
     while size <= args.max_mib * 1048576:
         sizes.append(size)
         size *= 4
+    from vllm_npu.disagg.launch import free_port
+
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, args.world, port, sizes, args.seconds, out))
              for r in range(args.world)]
     for p in procs:

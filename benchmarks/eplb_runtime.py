@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import sys
 import time
@@ -74,12 +73,6 @@ def recording_table(args) -> list[str]:
 
 
 # ---- migration (one process per EP rank) -----------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _placements(rng, experts: int, world: int, slots: int):
     from vllm_npu.moe.expert_map import ExpertMapError, ExpertPlacement
 
@@ -153,9 +146,11 @@ def _migrate_worker(rank: int, world: int, port: int, args, out) -> None:
 
 
 def migration_table(args) -> list[str]:
+    from vllm_npu.disagg.launch import free_port
+
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_migrate_worker, args=(r, args.world, port, args, out))
              for r in range(args.world)]
     for p in procs:

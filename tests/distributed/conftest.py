@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed import workers
+from vllm_npu.disagg.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,7 +46,7 @@ class Cluster:
         ctx = mp.get_context("spawn")
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(world)]
-        port = workers.free_port()
+        port = free_port()
         child_env = dict(CHILD_ENV, **(env or {}))
         self.procs = [ctx.Process(target=workers.worker_main,
                                   args=(r, world, port, child_env, self.tasks[r], self.results),

@@ -6,18 +6,11 @@ Kept importable without pytest: spawned children import this module by name.
 from __future__ import annotations
 
 import os
-import socket
 import time
 import traceback
 from datetime import timedelta
 
 STOP = "__stop__"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def worker_main(rank: int, world: int, port: int, env: dict, tasks, results) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -753,3 +754,16 @@ def test_fia_checks_an_inference_mode_mask():
         bad = torch.zeros(2048, 2048, dtype=torch.bool)
         with pytest.raises(NPUOpError, match="compressed causal mask"):
             run_fia(q, paged, [3, 1], [130, 5], 4, 2, 1.0, atten_mask=bad)
+
+
+def test_fia_rechecks_a_new_mask_at_a_checked_masks_address():
+    """A check is remembered per mask storage, not per address: a new mask whose memory is
+    where a checked one was (the allocator reuses freed blocks) is checked again (a CI run
+    once passed a wrong mask this way)."""
+    paged, q = _fia_setup()
+    memory = np.triu(np.ones((2048, 2048), dtype=np.bool_), 1)
+    run_fia(q, paged, [3, 1], [130, 5], 4, 2, 1.0, atten_mask=torch.from_numpy(memory))
+    memory[:] = False
+    bad = torch.from_numpy(memory)  # same address, new storage, version 0 again
+    with pytest.raises(NPUOpError, match="compressed causal mask"):
+        run_fia(q, paged, [3, 1], [130, 5], 4, 2, 1.0, atten_mask=bad)

@@ -13,6 +13,7 @@ positions j <= kv - q + i.  sparse_mode 4 (band): additionally j >= kv - q + i -
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -116,7 +117,9 @@ def _check_mask(op: str, sparse_mode: int, atten_mask: torch.Tensor | None) -> N
     _check_mask_contents(op, sparse_mode, atten_mask)
 
 
-_CHECKED_MASKS: dict[tuple, bool] = {}  # (data_ptr, version) -> checked
+# (data_ptr, version) -> the checked mask's storage, weakly: an entry whose storage was
+# freed or replaced no longer vouches for whatever now lies at that address
+_CHECKED_MASKS: dict[tuple, weakref.ref] = {}
 
 
 def _check_mask_contents(op: str, sparse_mode: int, atten_mask: torch.Tensor) -> None:
@@ -129,7 +132,9 @@ def _check_mask_contents(op: str, sparse_mode: int, atten_mask: torch.Tensor) ->
     # (inference tensors keep no version counter: those are checked once per address)
     version = None if atten_mask.is_inference() else atten_mask._version
     key = (atten_mask.data_ptr(), version)
-    if key in _CHECKED_MASKS:
+    storage = atten_mask.untyped_storage()
+    checked = _CHECKED_MASKS.get(key)
+    if checked is not None and checked() is storage:
         return
     square = atten_mask.reshape(-1, _MASK_SIDE, _MASK_SIDE)
     want = torch.ones(_MASK_SIDE, _MASK_SIDE, dtype=torch.bool).triu_(1)
@@ -139,7 +144,7 @@ def _check_mask_contents(op: str, sparse_mode: int, atten_mask: torch.Tensor) ->
                          f"{_MASK_SIDE} matrix); got a mask with other contents")
     if len(_CHECKED_MASKS) > 64:
         _CHECKED_MASKS.clear()
-    _CHECKED_MASKS[key] = True
+    _CHECKED_MASKS[key] = weakref.ref(storage)
 
 
 def npu_fused_infer_attention_score(
