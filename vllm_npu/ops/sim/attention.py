@@ -70,23 +70,25 @@ def attend_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: tor
     B, Q, N, D = q.shape
     K, Hkv = k.shape[1], k.shape[2]
     g = N // Hkv
-    i = torch.arange(Q).view(1, Q, 1)
-    j = torch.arange(K).view(1, 1, K)
-    diag = (kv_lens - q_lens).view(B, 1, 1) + i  # kv index aligned with query row i
-    allowed = (j < kv_lens.view(B, 1, 1)) & (i < q_lens.view(B, 1, 1))
-    if causal:
-        allowed &= j <= diag + next_tokens
-        allowed &= j >= diag - pre_tokens
+    # A batch of whole prompts of one length is plain causal attention: no mask to build
+    # (1.4x faster unmasked), and no empty row to zero
+    plain = not want_lse and causal and Q == K and next_tokens == 0 and pre_tokens >= K \
+        and bool((q_lens == Q).all() and (kv_lens == K).all())
+    if not plain:
+        i = torch.arange(Q).view(1, Q, 1)
+        j = torch.arange(K).view(1, 1, K)
+        diag = (kv_lens - q_lens).view(B, 1, 1) + i  # kv index aligned with query row i
+        allowed = (j < kv_lens.view(B, 1, 1)) & (i < q_lens.view(B, 1, 1))
+        if causal:
+            allowed &= j <= diag + next_tokens
+            allowed &= j >= diag - pre_tokens
     if not want_lse:
-        # One fused kernel (torch's CPU flash attention, GQA without expanding K/V); a batch
-        # of whole prompts of one length is plain causal attention (1.4x faster unmasked).
-        plain = causal and Q == K and next_tokens == 0 and pre_tokens >= K \
-            and bool((q_lens == Q).all() and (kv_lens == K).all())
+        # One fused kernel (torch's CPU flash attention, GQA without expanding K/V)
         out = F.scaled_dot_product_attention(
             q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),
             attn_mask=None if plain else allowed.view(B, 1, Q, K), is_causal=plain,
-            scale=scale, enable_gqa=True)
-        return out.transpose(1, 2).nan_to_num(0.0).to(q.dtype), None  # empty rows -> 0
+            scale=scale, enable_gqa=True).transpose(1, 2)
+        return (out if plain else out.nan_to_num(0.0)).to(q.dtype), None  # empty rows -> 0
     qf = q.float().view(B, Q, Hkv, g, D)
     scores = torch.einsum("bqhgd,bkhd->bhgqk", qf, k.float()) * scale
     scores = scores.masked_fill(~allowed.view(B, 1, 1, Q, K), float("-inf"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from vllm_npu.ops.sim import native
 from vllm_npu.ops.sim.checks import NPUOpError, check_contiguous, check_dim, check_dtype
 
 
@@ -29,6 +30,9 @@ def _npu_reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: to
         raise NPUOpError(f"{op}: slot_indices must be int32 of shape ({key.shape[0]},), got "
                          f"{slot_indices.dtype} {tuple(slot_indices.shape)}")
     capacity = key_cache.shape[0] * key_cache.shape[1]
+    if native.scatter_rows(key, slot_indices, key_cache) == -1 and \
+            native.scatter_rows(value, slot_indices, value_cache) == -1:
+        return  # both written in one pass each (a refusal writes nothing: reported below)
     slots = slot_indices.long()
     if slots.numel():
         lowest, highest = (int(v) for v in torch.aminmax(slots))

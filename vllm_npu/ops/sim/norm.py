@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from vllm_npu.ops.sim import native
 from vllm_npu.ops.sim.checks import NPUOpError, check_dtype, check_same_dtype
 
 
@@ -13,9 +14,12 @@ def _rms(op: str, x: torch.Tensor, gamma: torch.Tensor, epsilon: float):
         raise NPUOpError(f"{op}: gamma shape {tuple(gamma.shape)} must match the trailing "
                          f"dims of x {tuple(x.shape)}")
     if x.dtype == torch.float32:
-        # one pass instead of six ops; bitwise equal to the formula below for float32
-        # (tests/ops/test_elementwise_ops.py holds it), not for bf16/fp16, where the
-        # formula rounds (x * rstd) to the input dtype before the weight multiply
+        # one pass instead of six ops (native.py; within an ulp or two of the formula
+        # below), else aten's _fused_rms_norm (bitwise the formula); not for bf16/fp16,
+        # where the formula rounds (x * rstd) to the input dtype before the weight multiply
+        done = native.rms_norm(x, None, gamma, epsilon)
+        if done is not None:
+            return done[:2]
         return torch.ops.aten._fused_rms_norm(x, list(gamma.shape), gamma, epsilon)
     dims = tuple(range(x.dim() - gamma.dim(), x.dim()))
     xf = x.float()
@@ -36,6 +40,10 @@ def npu_add_rms_norm(x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor,
     check_same_dtype(op, x1=x1, x2=x2)
     if x1.shape != x2.shape:
         raise NPUOpError(f"{op}: x1 {tuple(x1.shape)} and x2 {tuple(x2.shape)} differ in shape")
+    if x1.dtype == torch.float32 and gamma.shape == x1.shape[-gamma.dim():]:
+        done = native.rms_norm(x1, x2, gamma, epsilon)  # the add in the same pass
+        if done is not None:
+            return done
     x = x1 + x2
     y, rstd = _rms(op, x, gamma, epsilon)
     return y, rstd, x

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from pathlib import Path
 
 import torch
 
-from vllm_npu.ops.sim import cores
+from vllm_npu.ops.sim import cores, native
 
-LIBRARY = Path(__file__).with_name("libnpu_sim_kernels.so")
 _CACHE_DTYPES = (torch.float32, torch.bfloat16)
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
@@ -41,9 +39,10 @@ class _Args(ctypes.Structure):
 @functools.cache
 def _kernel():
     """The library's entry point, or None when the install could not build it."""
-    if not LIBRARY.exists():
+    lib = native.library()
+    if lib is None:
         return None
-    fn = ctypes.CDLL(str(LIBRARY)).npu_sim_paged_decode
+    fn = lib.npu_sim_paged_decode
     fn.argtypes, fn.restype = [ctypes.POINTER(_Args), ctypes.c_int], ctypes.c_int
     return fn
 

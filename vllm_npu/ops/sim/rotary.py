@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from vllm_npu.ops.sim import native
 from vllm_npu.ops.sim.checks import NPUOpError, check_dim, check_dtype, check_same_dtype
 
 
@@ -37,6 +38,9 @@ def npu_rotary_mul(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor,
         if any(rd != xd and rd != 1 for rd, xd in zip(r.shape, x.shape)):
             raise NPUOpError(f"{op}: {name} {tuple(r.shape)} does not broadcast to x "
                              f"{tuple(x.shape)}")
+    done = native.rotary_mul(x, r1, r2, rotary_mode == "interleave")  # float32: one pass
+    if done is not None:
+        return done
     xf = x.float()
     out = xf * r1.float() + _rotate(xf, rotary_mode) * r2.float()
     return out.to(x.dtype)

@@ -1,0 +1,30 @@
+/* Arithmetic shared by the simulated NPU's native kernels (sim_kernels.c, sim_rows.c). */
+#ifndef NPU_SIM_MATH_H
+#define NPU_SIM_MATH_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* exp(x) for x <= 0 within ~2 ulp: x = k ln2 + r, |r| <= ln2 / 2, degree-7 Taylor
+ * polynomial for e^r, 2^k put into the exponent bits. Arguments below -87 give ~1e-38
+ * (never a denormal, whose arithmetic is ~100x slower on x86). */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float k = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - k * 0.693359375f + k * 2.12194440e-4f;  /* ln2 split hi/lo */
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t bits = ((int32_t)k + 127) << 23;
+    float two_k;
+    memcpy(&two_k, &bits, sizeof two_k);
+    return p * two_k;
+}
+
+#endif
