@@ -21,16 +21,6 @@
 
 #include "sim_math.h"
 
-#define EXPORT __attribute__((visibility("default")))
-
-/* Vector clones for x86-64 (AVX-512, AVX2+FMA) chosen at load time by the CPU, so one
- * wheel runs everywhere at the speed of the machine; aarch64's NEON is its baseline. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define CLONES
-#endif
-
 typedef struct {
     const float *q, *q_rope;           /* [B, N, D] and [B, N, R], contiguous */
     const void *k, *k_rope, *v;        /* caches: float32 or bf16 bits (uint16) */

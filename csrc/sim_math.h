@@ -1,10 +1,21 @@
-/* Arithmetic shared by the simulated NPU's native kernels (sim_kernels.c, sim_rows.c). */
+/* What the simulated NPU's native kernels (sim_kernels.c, sim_rows.c) share: the export and
+ * CPU-clone attributes, and arithmetic. */
 #ifndef NPU_SIM_MATH_H
 #define NPU_SIM_MATH_H
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* Vector clones for x86-64 (AVX-512, AVX2+FMA) chosen at load time by the CPU, so one
+ * wheel runs everywhere at the speed of the machine; aarch64's NEON is its baseline. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CLONES
+#endif
 
 /* exp(x) for x <= 0 within ~2 ulp: x = k ln2 + r, |r| <= ln2 / 2, degree-7 Taylor
  * polynomial for e^r, 2^k put into the exponent bits. Arguments below -87 give ~1e-38

@@ -4,8 +4,9 @@
  *
  * Same formulas as the PyTorch code they replace in vllm_npu/ops/sim (norm.py, rotary.py,
  * activation.py, cache.py), one pass over memory instead of several aten ops: a decode
- * step runs them on a few hundred KB right after the attention kernel has streamed megabytes of K/V through
- * the caches, where each aten op's fixed cost doubled (docs/performance.md). The rules
+ * step runs them on a few hundred KB right after the attention kernel has streamed
+ * megabytes of K/V through the caches, where each aten op's fixed cost doubled
+ * (docs/performance.md). The rules
  * the device enforces stay in the Python ops, in front of these calls.
  *
  * Rounding: rotary is bitwise the PyTorch formula (products rounded, then added: no fused
@@ -17,14 +18,6 @@
 #include <string.h>
 
 #include "sim_math.h"
-
-#define EXPORT __attribute__((visibility("default")))
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define CLONES
-#endif
 
 /* x * c + y * s must round each product, as the two aten multiplies and the add do */
 #pragma GCC optimize("fp-contract=off")

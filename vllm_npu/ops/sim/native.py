@@ -6,8 +6,8 @@ Each wrapper takes what the PyTorch op in norm.py / rotary.py / activation.py / 
 has already checked (the device's rules are enforced there, before any call here) and
 returns None where the kernel does not cover the case (no library: an install without a
 C compiler; not float32; a layout the kernel does not take), so that the caller keeps its
-PyTorch path. The results equal those paths (rotary, scatter: bitwise; RMSNorm, SwiGLU: within a
-few ulp, another summation order and exp polynomial).
+PyTorch path. The results equal those paths (rotary, scatter: bitwise; RMSNorm, SwiGLU:
+within a few ulp, another summation order and exp polynomial).
 """
 from __future__ import annotations
 

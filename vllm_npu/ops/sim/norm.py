@@ -7,12 +7,16 @@ from vllm_npu.ops.sim import native
 from vllm_npu.ops.sim.checks import NPUOpError, check_dtype, check_same_dtype
 
 
-def _rms(op: str, x: torch.Tensor, gamma: torch.Tensor, epsilon: float):
+def _check(op: str, x: torch.Tensor, gamma: torch.Tensor) -> None:
     check_dtype(op, "x", x)
     check_same_dtype(op, x=x, gamma=gamma)
     if gamma.shape != x.shape[-gamma.dim():]:
         raise NPUOpError(f"{op}: gamma shape {tuple(gamma.shape)} must match the trailing "
                          f"dims of x {tuple(x.shape)}")
+
+
+def _rms(op: str, x: torch.Tensor, gamma: torch.Tensor, epsilon: float):
+    _check(op, x, gamma)
     if x.dtype == torch.float32:
         # one pass instead of six ops (native.py; within an ulp or two of the formula
         # below), else aten's _fused_rms_norm (bitwise the formula); not for bf16/fp16,
@@ -40,10 +44,10 @@ def npu_add_rms_norm(x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor,
     check_same_dtype(op, x1=x1, x2=x2)
     if x1.shape != x2.shape:
         raise NPUOpError(f"{op}: x1 {tuple(x1.shape)} and x2 {tuple(x2.shape)} differ in shape")
-    if x1.dtype == torch.float32 and gamma.shape == x1.shape[-gamma.dim():]:
-        done = native.rms_norm(x1, x2, gamma, epsilon)  # the add in the same pass
-        if done is not None:
-            return done
+    _check(op, x1, gamma)
+    done = native.rms_norm(x1, x2, gamma, epsilon)  # float32: the add in the same pass
+    if done is not None:
+        return done
     x = x1 + x2
     y, rstd = _rms(op, x, gamma, epsilon)
     return y, rstd, x
