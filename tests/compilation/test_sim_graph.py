@@ -52,6 +52,35 @@ def test_replay_recomputes_from_the_captured_input_buffers():
     assert graph.replays == 1
 
 
+def test_replayed_aten_ops_write_their_captured_outputs_in_place(monkeypatch):
+    """An aten op with an `out=` overload of the same arguments replays into its captured
+    buffer (as a device kernel writes its graph-pool output); one without (`contiguous`)
+    runs and is copied in. Results equal a fresh eager run either way. (Inference mode,
+    as the engine captures: `linear` stays one op.)"""
+    x, w, b = torch.randn(5, 8), torch.randn(6, 8), torch.randn(6)
+
+    def forward():
+        h = torch.nn.functional.linear(x, w, b)
+        return (h.t().contiguous() + 1.5).relu()
+
+    with torch.inference_mode():
+        graph, y = _capture(forward)
+        kinds = {e.fn.name(): e.out_fn for e in graph.entries}
+        assert kinds == {"aten::linear": torch.ops.aten.linear.out,
+                         "aten::contiguous": None, "aten::add.Tensor": torch.ops.aten.add.out,
+                         "aten::relu": torch.ops.aten.relu.out}
+        copies = []
+        real_copy = g._copy_one
+        monkeypatch.setattr(g, "_copy_one", lambda old, new: (copies.append(old),
+                                                              real_copy(old, new)))
+        x.copy_(torch.randn(5, 8))
+        before = y.data_ptr()
+        graph.replay()
+        assert y.data_ptr() == before
+        assert torch.equal(y, forward())
+    assert len(copies) == 1  # contiguous's result only
+
+
 def test_host_work_inside_a_capture_is_not_replayed():
     """Ops on host tensors (sizing a workspace from host lengths) run once at capture, as
     on a device, where CPU-tensor ops never become graph tasks; the device ops around them

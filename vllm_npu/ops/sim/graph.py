@@ -144,6 +144,22 @@ def _snapshot(value: Any) -> Any:
     return _map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, value)
 
 
+@functools.cache
+def _out_overload(func) -> Any:
+    """The `out=` overload of an aten op taking the same arguments (`linear` ->
+    `linear.out`), or None: a replay writes the result straight into the captured buffer,
+    as a device kernel writes its graph-pool output, instead of a fresh tensor copied in."""
+    want = [(a.name, str(a.type)) for a in func._schema.arguments]
+    for name in func.overloadpacket.overloads():
+        overload = getattr(func.overloadpacket, name)
+        args = overload._schema.arguments
+        outs = [a for a in args if a.is_out]
+        if len(outs) == 1 and outs[0].name == "out" and outs[0].kwarg_only \
+                and [(a.name, str(a.type)) for a in args if not a.is_out] == want:
+            return overload
+    return None
+
+
 @dataclass
 class _Entry:
     fn: Callable[..., Any]
@@ -151,9 +167,13 @@ class _Entry:
     kwargs: dict
     outputs: Any = None
     task: bool = False  # a task group's call: device-tensor arguments held weakly
+    out_fn: Callable[..., Any] | None = None  # writes `outputs` in place (_out_overload)
 
     def run(self) -> None:
         args, kwargs = self.args, self.kwargs
+        if self.out_fn is not None:
+            self.out_fn(*args, **kwargs, out=self.outputs)
+            return
         if self.task:
             name = self.fn.__name__
             args, kwargs = _resolve(args, name), _resolve(kwargs, name)
@@ -213,7 +233,8 @@ class _Recorder(TorchDispatchMode):
         if _is_static(func, args, kwargs, out):
             self.graph.static.append(out)  # kept alive with the graph, as its pool is
         else:
-            self.graph.entries.append(_Entry(func, args, kwargs, out))
+            in_place = _out_overload(func) if type(out) is torch.Tensor else None
+            self.graph.entries.append(_Entry(func, args, kwargs, out, out_fn=in_place))
         return out
 
 
