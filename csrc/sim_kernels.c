@@ -1,14 +1,16 @@
-/* The simulated NPU's native kernels: one-query-token attention over a paged KV cache.
+/* The simulated NPU's native kernels: attention of query rows over a paged KV cache.
  *
- * What the device's paged-attention kernels compute (ATB PagedAttentionOperation, the
- * single-token rows of npu_fused_infer_attention_score, MLA decode): for request b and
- * query head n, softmax(scale * q . K[first_b : len_b]) . V over the keys of its KV head
- * n / (N / H), read where they lie in the block table's blocks, never gathered into a
- * padded copy. float32 arithmetic (bf16 caches widened on load); writes out [B, N, Dv]
- * float32 and, when asked, lse [B, N] (-inf and a zero row for a request with no key).
+ * What the device's paged-attention kernels compute (ATB PagedAttentionOperation,
+ * npu_fused_infer_attention_score over a paged cache, MLA decode): for query row r and
+ * query head n, softmax(scale * q . K[first_r : len_r]) . V over the keys of its KV head
+ * n / (N / H) in block-table row row_of[r] (r for decode rows), read where they lie in the
+ * table's blocks, never gathered into a padded copy. float32 arithmetic (bf16 caches
+ * widened on load); writes out [B, N, Dv] float32 and, when asked, lse [B, N] (-inf and a
+ * zero row for a row with no key). Decode rows run here (one_request); runs of prefill
+ * rows of one request as tiles (sim_prefill.c).
  *
  * Called through ctypes (vllm_npu/ops/sim/paged_decode.py); plain C11, no Python API. Work is
- * split by request over a small pool of threads that sleep on a condition variable
+ * split by request (tile) over a small pool of threads that sleep on a condition variable
  * between calls (no spinning: the host thread of the engine shares these cores).
  */
 #define _GNU_SOURCE
@@ -20,41 +22,7 @@
 #include <unistd.h>
 
 #include "sim_math.h"
-
-typedef struct {
-    const float *q, *q_rope;           /* [B, N, D] and [B, N, R], contiguous */
-    const void *k, *k_rope, *v;        /* caches: float32 or bf16 bits (uint16) */
-    int64_t k_blk, k_tok, k_head;      /* element strides; the last dim is contiguous */
-    int64_t kr_blk, kr_tok, kr_head;
-    int64_t v_blk, v_tok, v_head;
-    const int32_t *table;              /* [B, table_stride] block ids */
-    int64_t table_stride;
-    const int64_t *first, *lens;       /* keys [first[b], lens[b]) of request b */
-    float *out, *lse;                  /* [B, N, Dv]; [B, N] or NULL */
-    int64_t B, N, H, D, R, Dv, bs;
-    int64_t num_blocks;                /* every table entry read must be below it */
-    float scale;
-    int32_t bf16;
-} pd_args;
-
-/* ---- per-thread scratch ------------------------------------------------------------ */
-
-typedef struct {
-    float *scores;  /* [N, longest] */
-    float *q;       /* [N, W]: scale * (q | q_rope), zero-padded to W */
-    float *rows;    /* [8, W] widened key rows, or [8, Dv] value rows */
-    float *acc;     /* [N, Dv] */
-    size_t cap_scores, cap_q, cap_rows, cap_acc;
-} scratch;
-
-static int grow(float **p, size_t *cap, size_t n) {
-    if (*cap >= n) return 0;
-    float *q = realloc(*p, n * sizeof(float));
-    if (!q) return -1;
-    *p = q;
-    *cap = n;
-    return 0;
-}
+#include "sim_paged.h"
 
 /* ---- arithmetic ------------------------------------------------------------------- */
 
@@ -112,7 +80,7 @@ static int check_blocks(const pd_args *a, int64_t b) {
     const int64_t lo = a->first[b], hi = a->lens[b];
     if (hi <= lo) return 0;
     if (lo < 0 || (hi - 1) / a->bs >= a->table_stride) return -2;
-    const int32_t *blocks = a->table + b * a->table_stride;
+    const int32_t *blocks = table_row(a, b);
     for (int64_t c = lo / a->bs; c <= (hi - 1) / a->bs; c++)
         if (blocks[c] < 0 || blocks[c] >= a->num_blocks) return -2;
     return 0;
@@ -170,7 +138,7 @@ static void one_request(const pd_args *a, int64_t b, scratch *s, int64_t next) {
         return;
     }
     const size_t esz = a->bf16 ? 2 : 4;
-    const int32_t *blocks = a->table + b * a->table_stride;
+    const int32_t *blocks = table_row(a, b);
     float *sc = s->scores, *acc = s->acc, *qs = s->q;
 
     /* the queries, scaled, as [N, W] rows laid out like the widened key rows */
@@ -266,7 +234,7 @@ static void one_request(const pd_args *a, int64_t b, scratch *s, int64_t next) {
     if (next >= 0 && next < a->B && !check_blocks(a, next)) {
         /* the next request's first keys, in flight while this one is finished off */
         const int64_t nlo = a->first[next], nn = a->lens[next] - nlo;
-        prefetch_tokens(a, a->table + next * a->table_stride, nlo, 0, PREFETCH_AHEAD, nn,
+        prefetch_tokens(a, table_row(a, next), nlo, 0, PREFETCH_AHEAD, nn,
                         a->k, a->k_blk, a->k_tok, a->k_head, D, esz);
     }
     for (int64_t i = 0; i < N; i++) {
@@ -314,21 +282,64 @@ static int prepare(scratch *s, const pd_args *a) {
            grow(&s->acc, &s->cap_acc, (size_t)(a->N * a->Dv));
 }
 
+/* The call's work items: with `row_of`, runs of up to tile_rows() consecutive rows of one
+ * request (item i: rows [tiles.start[i], tiles.start[i + 1])); otherwise each row alone
+ * (tiles.n == 0). Planned by the caller before the helpers start. */
+static struct {
+    int64_t *start;
+    size_t cap;
+    int64_t n;
+} tiles;
+
+static int plan_tiles(const pd_args *a) {
+    tiles.n = 0;
+    if (!tile_fits(a)) return 0;
+    if (tiles.cap < (size_t)a->B + 1) {
+        int64_t *p = realloc(tiles.start, ((size_t)a->B + 1) * sizeof *p);
+        if (!p) return -1;
+        tiles.start = p;
+        tiles.cap = (size_t)a->B + 1;
+    }
+    const int64_t per = tile_rows(a);
+    for (int64_t r = 0; r < a->B;) {
+        int64_t e = r + 1;
+        while (e < a->B && e - r < per && a->row_of[e] == a->row_of[r]) e++;
+        tiles.start[tiles.n++] = r;
+        r = e;
+    }
+    tiles.start[tiles.n] = a->B;
+    return 0;
+}
+
+static void run_item(const pd_args *a, int64_t item, int64_t next, scratch *s) {
+    const int64_t r0 = tiles.n ? tiles.start[item] : item;
+    const int64_t m = tiles.n ? tiles.start[item + 1] - r0 : 1;
+    for (int64_t r = r0; r < r0 + m; r++)
+        if (check_blocks(a, r)) {
+            __atomic_store_n(&pool.failed, -2, __ATOMIC_RELAXED);
+            return;
+        }
+    if (m > 1) {
+        if (prefill_tile(a, r0, m, s)) __atomic_store_n(&pool.failed, -1, __ATOMIC_RELAXED);
+        return;
+    }
+    const int64_t items = tiles.n ? tiles.n : a->B;
+    one_request(a, r0, s, next < items ? (tiles.n ? tiles.start[next] : next) : -1);
+}
+
 static void drain(const pd_args *a, scratch *s) {
     if (prepare(s, a)) {
         __atomic_store_n(&pool.failed, -1, __ATOMIC_RELAXED);
         return;
     }
-    /* each request's successor is claimed before it runs, so that its first keys can be
+    /* each item's successor is claimed before it runs, so that its first keys can be
      * prefetched while the current one finishes */
-    int64_t b = __atomic_fetch_add(&pool.next, 1, __ATOMIC_RELAXED);
-    while (b < a->B) {
+    const int64_t items = tiles.n ? tiles.n : a->B;
+    int64_t item = __atomic_fetch_add(&pool.next, 1, __ATOMIC_RELAXED);
+    while (item < items) {
         const int64_t next = __atomic_fetch_add(&pool.next, 1, __ATOMIC_RELAXED);
-        if (check_blocks(a, b))
-            __atomic_store_n(&pool.failed, -2, __ATOMIC_RELAXED);
-        else
-            one_request(a, b, s, next);
-        b = next;
+        run_item(a, item, next, s);
+        item = next;
     }
 }
 
@@ -370,6 +381,10 @@ static int threads_for(const pd_args *a, int threads) {
  * (one pool, one set of scratch buffers). */
 EXPORT int npu_sim_paged_decode(const pd_args *a, int threads) {
     pthread_mutex_lock(&one_call);
+    if (plan_tiles(a)) {
+        pthread_mutex_unlock(&one_call);
+        return -1;
+    }
     threads = threads_for(a, threads);
     pthread_mutex_lock(&pool.mu);
     if (pool.owner != getpid()) {  /* first call, or a forked child: no helpers yet */

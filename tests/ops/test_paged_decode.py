@@ -10,7 +10,7 @@ import torch
 
 from vllm_npu.ops.sim import npu_fused_infer_attention_score
 from vllm_npu.ops.sim.attention import row_groups
-from vllm_npu.ops.sim.paged_decode import paged_decode, supports
+from vllm_npu.ops.sim.paged_decode import paged_decode, paged_rows, supports
 
 BS = 128
 
@@ -121,9 +121,11 @@ def test_float16_caches_are_left_to_the_dense_path():
     assert not supports(torch.zeros(1, dtype=torch.float32), torch.zeros(1, dtype=torch.bfloat16))
 
 
-def test_fia_mixed_batch_decode_rows_in_place_prefill_rows_grouped():
-    """One FIA call with decode rows (kernel) and prefills of several lengths (padded
-    groups), float16 too (dense path for its decode rows): equal to the reference."""
+def test_fia_mixed_batch_decode_rows_and_prefill_rows():
+    """One FIA call with decode rows and prefills of several lengths: float32 reads every
+    row in place (the kernel's single rows and prefill tiles), float16 runs the dense path
+    (decode rows as one padded batch, prefills in padded groups): equal to the
+    reference."""
     q_lens = [1, 40, 1, 40, 7, 300, 1]
     kv_lens = [150, 40, 9, 60, 7, 300, 260]
     for dtype in (torch.float32, torch.float16):
@@ -361,3 +363,62 @@ def test_eager_compute_threads_restore_the_host_setting(monkeypatch):
         torch.set_num_threads(original)
         monkeypatch.delenv("NPU_SIM_CORES")
         cores.device_cores.cache_clear()
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim,dim_v", [(4, 2, 32, 32), (8, 1, 40, 48),
+                                                      (16, 2, 64, 16), (3, 3, 24, 64)])
+def test_prefill_rows_match_reference_for_any_key_limits(heads, kv_heads, dim, dim_v,
+                                                         monkeypatch):
+    """Rows of several requests (runs of one request become tiles of the prefill kernel:
+    query heads per KV head 1..8, key dims not a multiple of 16, value dims of one to four
+    vectors), each row with its own key range [first, lens): causal, banded, empty, all
+    keys. Equal to a float64 softmax over exactly those keys, with the same result for 1
+    and 3 kernel threads (a tile is one thread's work)."""
+    from vllm_npu.ops.sim import paged_decode as pd
+
+    g = torch.Generator().manual_seed(heads * 100 + dim)
+    kv_lens = [300, 45, 1, 129, 260]
+    keys = [torch.randn(n, kv_heads, dim, generator=g) for n in kv_lens]
+    values = [torch.randn(n, kv_heads, dim_v, generator=g) for n in kv_lens]
+    k_cache, table = _paged(keys, 16, seed=5)
+    v_cache, _ = _paged(values, 16, seed=5)
+    q_lens = [70, 45, 1, 33, 20]
+    row_of = torch.repeat_interleave(torch.arange(5), torch.tensor(q_lens))
+    pos = torch.cat([torch.arange(kv - q, kv) for q, kv in zip(q_lens, kv_lens)])
+    lens = pos + 1  # causal
+    first = torch.zeros_like(lens)
+    first[:70] = (pos[:70] - 37).clamp(min=0)  # request 0: a band of 38 keys
+    lens[70:80] = 0  # request 1: ten rows see no key
+    lens[-20:] = kv_lens[-1]  # request 4: every key
+    q = torch.randn(len(row_of), heads, dim, generator=g)
+    results = []
+    for threads in (1, 3):
+        monkeypatch.setattr(pd.cores, "device_cores", lambda n=threads: n)
+        results.append(paged_rows(q, k_cache, v_cache, kv_heads, table, first, lens, 0.3,
+                                  row_of=row_of))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+    out, lse = results[0]
+    group = heads // kv_heads
+    for r in range(len(row_of)):
+        b, lo, hi = int(row_of[r]), int(first[r]), int(lens[r])
+        if hi <= lo:
+            assert torch.equal(out[r], torch.zeros(heads, dim_v))
+            assert torch.isneginf(lse[r]).all()
+            continue
+        k = keys[b][lo:hi].double().repeat_interleave(group, dim=1)
+        v = values[b][lo:hi].double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("nd,lnd->nl", q[r].double(), k) * 0.3
+        ref = torch.einsum("nl,lnd->nd", torch.softmax(scores, -1), v)
+        torch.testing.assert_close(out[r].double(), ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse[r].double(), torch.logsumexp(scores, -1),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_rows_refuse_a_table_row_outside_the_table():
+    k, v = torch.randn(4, BS, 2, 32), torch.randn(4, BS, 2, 32)
+    table = torch.tensor([[0], [1]], dtype=torch.int32)
+    lens = torch.tensor([1, 2, 3])
+    with pytest.raises(ValueError, match="row_of must hold 3 rows of the 2-row block table"):
+        paged_rows(torch.randn(3, 4, 32), k, v, 2, table, torch.zeros_like(lens), lens, 0.1,
+                   row_of=torch.tensor([0, 1, 2]))

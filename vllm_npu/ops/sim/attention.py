@@ -275,30 +275,24 @@ def npu_fused_infer_attention_score(
         raise NPUOpError(f"{op}: right-down causal needs q_len <= kv_len per batch, got "
                          f"q {q_lens} kv {kv_lens}")
     causal = sparse_mode in (3, 4)
-    if query_rope is not None:  # q.k + q_rope.k_rope == [q | q_rope] . [k | k_rope]
-        query = torch.cat((query, query_rope), dim=-1)
     pre = pre_tokens if sparse_mode == 4 else _INT_MAX
     nxt = next_tokens if sparse_mode == 4 else 0
-    out = torch.zeros(T, N, d_v, dtype=query.dtype)
-    lse = torch.zeros(T, N, 1, dtype=torch.float32)
     ql = torch.tensor(q_lens)
     kl = torch.tensor(kv_lens)
-    # Single-token rows (decodes) of a paged cache are read in place; the other rows run as
-    # padded batches of similar lengths, so a long prefill never pads every decode row.
+    # A paged cache is read in place, every query row against its own causal / band
+    # limits (no gathered copy, no padded batch); without the native kernel, single-token
+    # rows (decodes) run as one padded batch and the others in groups of similar lengths,
+    # so a long prefill never pads every decode row.
+    if block_table is not None and nxt >= 0 and paged_decode.supports(
+            *((key, value) if key_rope is None else (key, value, key_rope))):
+        return _fia_paged_in_place(query, key, value, hkv, block_table, ql, kl, scale,
+                                   causal, pre, nxt, softmax_lse_flag, query_rope, key_rope)
+    if query_rope is not None:  # q.k + q_rope.k_rope == [q | q_rope] . [k | k_rope]
+        query = torch.cat((query, query_rope), dim=-1)
+    out = torch.zeros(T, N, d_v, dtype=query.dtype)
+    lse = torch.zeros(T, N, 1, dtype=torch.float32)
     singles = [b for b in range(B) if q_lens[b] == 1] if block_table is not None else []
-    in_place = singles and nxt >= 0 and paged_decode.supports(
-        *((key, value) if key_rope is None else (key, value, key_rope)))
-    if in_place:  # one query token sees keys [kv - 1 - pre, kv): read where they lie
-        rows = torch.tensor(singles)
-        tok = torch.tensor([q_starts[b] for b in singles])
-        window = pre if causal and pre < _INT_MAX else None
-        o, lse_rows = paged_decode.paged_decode(
-            query[tok, :, :D], key, value, hkv, block_table[rows], kl[rows], scale, window,
-            None if query_rope is None else query[tok, :, D:], key_rope)
-        out[tok] = o
-        if softmax_lse_flag:
-            lse[tok] = lse_rows.unsqueeze(-1)
-    elif singles:
+    if singles:
         rows = torch.tensor(singles)
         k = gather_keys(block_table[rows], max(kv_lens[b] for b in singles))
         v = gather_paged(value, block_table[rows], hkv, max(kv_lens[b] for b in singles))
@@ -321,6 +315,30 @@ def npu_fused_infer_attention_score(
         if softmax_lse_flag:
             lse[tok[valid]] = lse_rows[valid].unsqueeze(-1)
     return out, (lse if softmax_lse_flag else torch.zeros(1))
+
+
+def _fia_paged_in_place(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, hkv: int,
+                        block_table: torch.Tensor, q_lens: torch.Tensor, kv_lens: torch.Tensor,
+                        scale: float, causal: bool, pre: int, nxt: int, want_lse: bool,
+                        q_rope: torch.Tensor | None, key_rope: torch.Tensor | None):
+    """FIA over a paged cache with the native kernel: query token i of request b (q new
+    tokens, kv in all) sees keys [first, lens) of b's table row: with right-down causal
+    masking lens = min(kv, kv - q + i + 1 + next_tokens) and, for a band, first =
+    kv - q + i - pre_tokens (at least 0); without masking all kv keys."""
+    T = q.shape[0]
+    req = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens, output_size=T)
+    kv = kv_lens[req]
+    if causal:
+        ends = torch.cumsum(q_lens, 0)
+        diag = kv - q_lens[req] + torch.arange(T) - (ends - q_lens)[req]
+        lens = torch.minimum(kv, diag + nxt + 1)
+        first = (diag - pre).clamp_(min=0) if pre < _INT_MAX else torch.zeros_like(kv)
+    else:
+        lens, first = kv, torch.zeros_like(kv)
+    out, lse = paged_decode.paged_rows(q, key, value, hkv, block_table, first, lens, scale,
+                                       row_of=req, query_rope=q_rope, key_rope=key_rope,
+                                       want_lse=want_lse)
+    return out, (lse.unsqueeze(-1) if want_lse else torch.zeros(1))
 
 
 def _padded_index(starts: list[int], lengths: list[int], width: int,

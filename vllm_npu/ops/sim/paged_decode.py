@@ -1,10 +1,13 @@
-"""One-query-token attention over a paged KV cache, read in place (no gathered copy).
+"""Attention over a paged KV cache, read in place (no gathered copy).
 
-The simulated decode kernels (ATB `_npu_paged_attention`, the single-token rows of
-`npu_fused_infer_attention_score`, MLA decode) run `csrc/sim_kernels.c` through ctypes: it
-walks each request's block table and reads K/V rows where they lie, as the device kernels
-do, vectorised (AVX-512 / AVX2 clones picked by the CPU) and split by request over
-the simulated device's cores (`cores.device_cores`).
+The simulated decode kernels (ATB `_npu_paged_attention`, `npu_fused_infer_attention_score`
+over a paged cache, MLA decode) run `csrc/sim_kernels.c` through ctypes: it walks each
+request's block table and reads K/V rows where they lie, as the device kernels do,
+vectorised (AVX-512 / AVX2 clones picked by the CPU) and split by request over the
+simulated device's cores (`cores.device_cores`). `paged_decode` takes one query token per
+request; `paged_rows` any rows with their own key ranges (prefill tokens under causal /
+band limits), runs of one request's rows computed as flash-style tiles
+(`csrc/sim_prefill.c`).
 
 Arithmetic in float32 (bf16 caches widened on load), softmax with the row maximum
 subtracted; results within ~1e-6 of the dense float32 reference. float16 caches, and an
@@ -33,7 +36,7 @@ class _Args(ctypes.Structure):
                 ("out", _ptr), ("lse", _ptr),
                 ("B", _i64), ("N", _i64), ("H", _i64), ("D", _i64), ("R", _i64),
                 ("Dv", _i64), ("bs", _i64), ("num_blocks", _i64), ("scale", ctypes.c_float),
-                ("bf16", ctypes.c_int32)]
+                ("bf16", ctypes.c_int32), ("row_of", _ptr)]
 
 
 @functools.cache
@@ -79,10 +82,29 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     Returns out [B, N, Dv] in query's dtype (zero rows where kv_len is 0) and lse [B, N]
     float32 (None without `want_lse`). `out`: a float32 contiguous [B, N, Dv] tensor the
     kernel writes into directly (the decode ops' own output, saving a copy)."""
-    B, N, D = query.shape
     lens = kv_lens.to(torch.int64).contiguous()
     first = (lens - 1 - window).clamp_(min=0) if window is not None \
         else torch.zeros_like(lens)
+    return paged_rows(query, key_cache, value_cache, num_kv_heads, block_table, first, lens,
+                      scale, query_rope=query_rope, key_rope=key_rope, out=out,
+                      want_lse=want_lse)
+
+
+def paged_rows(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+               num_kv_heads: int, block_table: torch.Tensor, first: torch.Tensor,
+               lens: torch.Tensor, scale: float, *, row_of: torch.Tensor | None = None,
+               query_rope: torch.Tensor | None = None, key_rope: torch.Tensor | None = None,
+               out: torch.Tensor | None = None,
+               want_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention of query row r over the cached tokens [first[r], lens[r]) of block table
+    row row_of[r] (r without `row_of`): a decode row, or one token of a prefill whose
+    causal / band limits the caller put in first and lens (rows of one request share
+    its table row and read its keys where they lie, never gathered).
+
+    query [R, N, D]; first/lens int64 [R]; otherwise as `paged_decode`."""
+    B, N, D = query.shape
+    lens = lens.to(torch.int64).contiguous()
+    first = first.to(torch.int64).contiguous()
     qf = query.float().contiguous()
     qr = query_rope.float().contiguous() if query_rope is not None else qf
     k = _heads(key_cache, num_kv_heads)
@@ -92,6 +114,14 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
         raise ValueError(f"paged_decode: query head dim {D} vs key cache {tuple(k.shape)}, "
                          f"value cache {tuple(v.shape)}")
     table = block_table.to(torch.int32).contiguous()
+    if row_of is not None:
+        row_of = row_of.to(torch.int64).contiguous()
+        if row_of.shape != (B,) or (B and not 0 <= int(row_of.min()) <= int(row_of.max())
+                                    < table.shape[0]):
+            raise ValueError(f"paged_decode: row_of must hold {B} rows of the "
+                             f"{table.shape[0]}-row block table")
+    elif table.shape[0] < B:
+        raise ValueError(f"paged_decode: {B} query rows but {table.shape[0]} table rows")
     if out is None or out.dtype != torch.float32 or not out.is_contiguous() \
             or out.shape != (B, N, v.shape[3]):
         out = torch.empty(B, N, v.shape[3], dtype=torch.float32)
@@ -102,7 +132,7 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
                  out.data_ptr(), lse.data_ptr() if lse is not None else None,
                  B, N, num_kv_heads, D, query_rope.shape[2] if query_rope is not None else 0,
                  v.shape[3], k.shape[1], min(k.shape[0], kr.shape[0], v.shape[0]), scale,
-                 k.dtype == torch.bfloat16)
+                 k.dtype == torch.bfloat16, row_of.data_ptr() if row_of is not None else None)
     status = _kernel()(ctypes.byref(args), cores.device_cores()) if B else 0
     if status == -1:
         raise MemoryError(f"paged_decode: no scratch memory for {B} requests of up to "
