@@ -68,7 +68,7 @@ setup(
                   depends=["csrc/sim_math.h", "csrc/sim_paged.h"],
                   extra_compile_args=["-O3", *COMMON, "-fopenmp-simd", "-fno-math-errno",
                                       "-fno-trapping-math", "-Wno-psabi"],
-                  extra_link_args=["-pthread"], libraries=["m"]),
+                  extra_link_args=["-pthread"], libraries=["m", "dl"]),
     ],
     cmdclass={"build_ext": BuildPlainLibraries},
 )

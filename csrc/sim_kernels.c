@@ -14,6 +14,7 @@
  * between calls (no spinning: the host thread of the engine shares these cores).
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -100,10 +101,9 @@ static inline int keys_in_place(const pd_args *a) {
  * of the current ones run (a cold-cache call ran 3-4x slower than the same call on cached
  * rows). */
 #define PREFETCH_AHEAD 32
-static inline void prefetch_token(const pd_args *a, const int32_t *blocks, int64_t pos,
-                                  const void *cache, int64_t blk_stride, int64_t tok_stride,
-                                  int64_t head_stride, int64_t width, size_t esz) {
-    const int64_t blk = blocks[pos / a->bs], off = pos % a->bs;
+static inline void prefetch_row(const pd_args *a, int64_t blk, int64_t off, const void *cache,
+                                int64_t blk_stride, int64_t tok_stride, int64_t head_stride,
+                                int64_t width, size_t esz) {
     const char *row = (const char *)cache + (size_t)(blk * blk_stride + off * tok_stride) * esz;
     if (head_stride == width) {  /* the heads side by side: one span */
         for (size_t x = 0; x < (size_t)(a->H * width) * esz; x += 64)
@@ -120,9 +120,31 @@ static inline void prefetch_tokens(const pd_args *a, const int32_t *blocks, int6
                                    int64_t from, int64_t to, int64_t n, const void *cache,
                                    int64_t blk_stride, int64_t tok_stride,
                                    int64_t head_stride, int64_t width, size_t esz) {
-    for (int64_t t = from; t < to && t < n; t++)
-        prefetch_token(a, blocks, lo + t, cache, blk_stride, tok_stride, head_stride,
-                       width, esz);
+    if (from >= n) return;
+    int64_t c = (lo + from) / a->bs, off = (lo + from) % a->bs;
+    for (int64_t t = from; t < to && t < n; t++) {
+        prefetch_row(a, blocks[c], off, cache, blk_stride, tok_stride, head_stride, width,
+                     esz);
+        if (++off == a->bs) off = 0, c++;
+    }
+}
+
+/* Block id and offset of tokens t0 .. t0 + 7 of a request (positions lo + t), found once
+ * per group of eight (a 64-bit division per token and head cost more than the dots);
+ * tokens past the request's m valid ones repeat the last. */
+static inline void token_slots(const pd_args *a, const int32_t *blocks, int64_t pos,
+                               int64_t m, int64_t blk[8], int64_t off[8]) {
+    int64_t c = pos / a->bs, o = pos % a->bs;
+    for (int i = 0; i < 8; i++) {
+        if (i >= m) {
+            blk[i] = blk[m - 1];
+            off[i] = off[m - 1];
+            continue;
+        }
+        blk[i] = blocks[c];
+        off[i] = o;
+        if (++o == a->bs) o = 0, c++;
+    }
 }
 
 CLONES
@@ -156,11 +178,12 @@ static void one_request(const pd_args *a, int64_t b, scratch *s, int64_t next) {
     for (int64_t t0 = 0; t0 < n; t0 += 8) {
         const int64_t m = n - t0 < 8 ? n - t0 : 8;
         PREFETCH_K(t0 + PREFETCH_AHEAD, t0 + PREFETCH_AHEAD + 8);
+        int64_t tb[8], to[8];  /* past the end: a repeat */
+        token_slots(a, blocks, lo + t0, m, tb, to);
         for (int64_t h = 0; h < H; h++) {
             const float *rows[8];
             for (int i = 0; i < 8; i++) {
-                const int64_t t = t0 + (i < m ? i : m - 1);  /* past the end: a repeat */
-                const int64_t pos = lo + t, blk = blocks[pos / a->bs], off = pos % a->bs;
+                const int64_t blk = tb[i], off = to[i];
                 const char *k = (const char *)a->k +
                     (size_t)(blk * a->k_blk + off * a->k_tok + h * a->k_head) * esz;
                 if (keys_in_place(a)) {
@@ -206,13 +229,13 @@ static void one_request(const pd_args *a, int64_t b, scratch *s, int64_t next) {
     for (int64_t t0 = 0; t0 < n; t0 += 8) {
         const int64_t m = n - t0 < 8 ? n - t0 : 8;
         PREFETCH_V(t0 + PREFETCH_AHEAD, t0 + PREFETCH_AHEAD + 8);
+        int64_t tb[8], to[8];  /* past the end: a repeat, weight 0 */
+        token_slots(a, blocks, lo + t0, m, tb, to);
         for (int64_t h = 0; h < H; h++) {
             const float *v[8];
             for (int i = 0; i < 8; i++) {
-                const int64_t t = t0 + (i < m ? i : m - 1);  /* past the end: weight 0 */
-                const int64_t pos = lo + t, blk = blocks[pos / a->bs], off = pos % a->bs;
                 const char *src = (const char *)a->v +
-                    (size_t)(blk * a->v_blk + off * a->v_tok + h * a->v_head) * esz;
+                    (size_t)(tb[i] * a->v_blk + to[i] * a->v_tok + h * a->v_head) * esz;
                 v[i] = (const float *)src;
                 if (a->bf16) {
                     widen(s->rows + i * Dv, src, Dv, 1);
@@ -379,6 +402,48 @@ static int threads_for(const pd_args *a, int threads) {
 /* Returns 0; -1 when scratch memory could not be allocated; -2 when a request's keys
  * fall outside its table row or the cache (`check_blocks`). Calls are serialised
  * (one pool, one set of scratch buffers). */
+/* ---- torch's OpenMP team ------------------------------------------------------------
+ * In eager forwards torch computes with the device's cores through its OpenMP runtime,
+ * whose idle workers spin for a while after every parallel op: a helper of our own pool
+ * then shares a core with a spinning worker (an attention call measured 19 -> 23 ms right
+ * after a matmul). There the call runs on torch's team instead: the runtime torch loaded
+ * (found by soname, never loaded here), entered through libgomp's `GOMP_parallel`, the
+ * entry GCC compiles `#pragma omp parallel` to. Without it (another runtime), our pool. */
+
+typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
+static gomp_parallel_fn gomp_parallel;
+static int (*gomp_thread_num)(void);
+static pthread_once_t gomp_once = PTHREAD_ONCE_INIT;
+
+static void find_gomp(void) {
+    void *lib = dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!lib) return;
+    gomp_parallel = (gomp_parallel_fn)dlsym(lib, "GOMP_parallel");
+    gomp_thread_num = (int (*)(void))dlsym(lib, "omp_get_thread_num");
+    if (!gomp_thread_num) gomp_parallel = NULL;
+}
+
+static void team_member(void *arg) { drain(arg, &scratches[gomp_thread_num()]); }
+
+/* Runs the call on torch's OpenMP team: 0 / -1 / -2 as npu_sim_paged_decode, or -3 when
+ * no GNU OpenMP runtime is loaded (the caller then uses npu_sim_paged_decode). */
+EXPORT int npu_sim_paged_decode_team(const pd_args *a, int threads) {
+    pthread_once(&gomp_once, find_gomp);
+    if (!gomp_parallel) return -3;
+    pthread_mutex_lock(&one_call);
+    if (plan_tiles(a)) {
+        pthread_mutex_unlock(&one_call);
+        return -1;
+    }
+    threads = threads_for(a, threads);
+    pool.next = 0;
+    pool.failed = 0;
+    gomp_parallel(team_member, (void *)a, (unsigned)threads, 0);
+    const int failed = pool.failed;
+    pthread_mutex_unlock(&one_call);
+    return failed;
+}
+
 EXPORT int npu_sim_paged_decode(const pd_args *a, int threads) {
     pthread_mutex_lock(&one_call);
     if (plan_tiles(a)) {

@@ -365,6 +365,13 @@ def test_eager_compute_threads_restore_the_host_setting(monkeypatch):
         cores.device_cores.cache_clear()
 
 
+class _NotCalled:
+    """A kernel entry that must not run (its presence still says the library loaded)."""
+
+    def __call__(self, *args):
+        raise AssertionError("the kernel's own pool ran inside an eager forward")
+
+
 @pytest.mark.parametrize("heads,kv_heads,dim,dim_v", [(4, 2, 32, 32), (8, 1, 40, 48),
                                                       (16, 2, 64, 16), (3, 3, 24, 64)])
 def test_prefill_rows_match_reference_for_any_key_limits(heads, kv_heads, dim, dim_v,
@@ -373,7 +380,7 @@ def test_prefill_rows_match_reference_for_any_key_limits(heads, kv_heads, dim, d
     query heads per KV head 1..8, key dims not a multiple of 16, value dims of one to four
     vectors), each row with its own key range [first, lens): causal, banded, empty, all
     keys. Equal to a float64 softmax over exactly those keys, with the same result for 1
-    and 3 kernel threads (a tile is one thread's work)."""
+    and 3 kernel threads and on torch's OpenMP team (a tile is one thread's work)."""
     from vllm_npu.ops.sim import paged_decode as pd
 
     g = torch.Generator().manual_seed(heads * 100 + dim)
@@ -396,8 +403,19 @@ def test_prefill_rows_match_reference_for_any_key_limits(heads, kv_heads, dim, d
         monkeypatch.setattr(pd.cores, "device_cores", lambda n=threads: n)
         results.append(paged_rows(q, k_cache, v_cache, kv_heads, table, first, lens, 0.3,
                                   row_of=row_of))
-    assert torch.equal(results[0][0], results[1][0])
-    assert torch.equal(results[0][1], results[1][1])
+    # inside an eager forward (torch's threads = the device's cores) on torch's OpenMP
+    # team, never the kernel's own pool
+    monkeypatch.setattr(pd.cores, "device_cores", lambda: 2)
+    monkeypatch.setattr(pd, "_kernel", _NotCalled())
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        results.append(paged_rows(q, k_cache, v_cache, kv_heads, table, first, lens, 0.3,
+                                  row_of=row_of))
+    finally:
+        torch.set_num_threads(before)
+    for other in results[1:]:
+        assert torch.equal(results[0][0], other[0]) and torch.equal(results[0][1], other[1])
     out, lse = results[0]
     group = heads // kv_heads
     for r in range(len(row_of)):

@@ -40,14 +40,34 @@ class _Args(ctypes.Structure):
 
 
 @functools.cache
-def _kernel():
-    """The library's entry point, or None when the install could not build it."""
+def _entry(name: str):
     lib = native.library()
     if lib is None:
         return None
-    fn = lib.npu_sim_paged_decode
+    fn = getattr(lib, name)
     fn.argtypes, fn.restype = [ctypes.POINTER(_Args), ctypes.c_int], ctypes.c_int
     return fn
+
+
+def _kernel():
+    """The library's entry point (its own thread pool), or None when the install could
+    not build it."""
+    return _entry("npu_sim_paged_decode")
+
+
+_NO_TEAM = -3
+
+
+def _run(args: _Args) -> int:
+    """Inside an eager forward torch computes with the device's cores (`cores`) and its
+    OpenMP workers spin between ops: the kernel then runs on that team
+    (`npu_sim_paged_decode_team`) rather than a pool of its own competing with them."""
+    threads = cores.device_cores()
+    if threads > 1 and torch.get_num_threads() >= threads:
+        status = _entry("npu_sim_paged_decode_team")(ctypes.byref(args), threads)
+        if status != _NO_TEAM:
+            return status
+    return _kernel()(ctypes.byref(args), threads)
 
 
 def supports(*caches: torch.Tensor) -> bool:
@@ -133,7 +153,7 @@ def paged_rows(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.
                  B, N, num_kv_heads, D, query_rope.shape[2] if query_rope is not None else 0,
                  v.shape[3], k.shape[1], min(k.shape[0], kr.shape[0], v.shape[0]), scale,
                  k.dtype == torch.bfloat16, row_of.data_ptr() if row_of is not None else None)
-    status = _kernel()(ctypes.byref(args), cores.device_cores()) if B else 0
+    status = _run(args) if B else 0
     if status == -1:
         raise MemoryError(f"paged_decode: no scratch memory for {B} requests of up to "
                           f"{int((lens - first).max())} keys")
