@@ -12,7 +12,7 @@ def register_all() -> None:
     global _done
     if _done:
         return
-    from vllm_npu.device import plugin_active
+    from vllm_npu.device import plugin_active, select_backend
 
     if not plugin_active():
         return
@@ -24,6 +24,8 @@ def register_all() -> None:
     import vllm_npu.ops.layers.fused_moe  # noqa: F401
     import vllm_npu.ops.layers.layernorm  # noqa: F401
     import vllm_npu.ops.layers.rotary_embedding  # noqa: F401
+    if select_backend().simulated:  # the simulated device's matmul (ops/layers/linear.py)
+        import vllm_npu.ops.layers.linear  # noqa: F401
     import vllm_npu.quantization.compressed_int8  # noqa: F401  (compressed-tensors int8)
     import vllm_npu.quantization.modelslim  # noqa: F401  (registers --quantization ascend)
     from vllm_npu.patch import apply_all

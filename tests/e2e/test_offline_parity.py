@@ -105,3 +105,27 @@ def test_async_scheduling_is_on_and_a_missing_wait_shows(engine, monkeypatch):
     monkeypatch.undo()
     assert broken == [[torch.iinfo(torch.int32).max] * 4]
     assert _generate(llm, [prompt], max_tokens=8) == [hf_greedy(path, prompt, 8)]
+
+
+def test_linear_layers_compute_with_the_simulated_matmul(engine, monkeypatch):
+    """Every unquantized linear layer of the model is the plugin's replacement
+    (ops/layers/linear.py) computing with the simulated device's matmul; with oneDNN
+    taken from the first row (normally from 1,024) prefills still match HF."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    from vllm_npu.ops.layers import linear as layers
+    from vllm_npu.ops.sim import linear as sim_linear
+
+    arch, path, llm = engine
+    model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.get_model()
+    linears = [m for m in model.modules() if isinstance(m, LinearBase)]
+    assert len(linears) == 4 * 2  # qkv, o, gate_up, down per layer
+    for m in linears:
+        assert type(m).__name__.startswith("NPU"), type(m)
+        assert m.quant_method._gemm_impl is layers._device_gemm
+    calls = []
+    monkeypatch.setattr(sim_linear, "ONEDNN_MIN_ROWS", 1)
+    monkeypatch.setattr(sim_linear, "_onednn", lambda: calls.append(1) or True)
+    prompts = [random_prompt(30 + i, 40 + 50 * i, _vocab(path)) for i in range(3)]
+    assert _generate(llm, prompts, max_tokens=8) == [hf_greedy(path, p, 8) for p in prompts]
+    assert calls  # the oneDNN branch ran

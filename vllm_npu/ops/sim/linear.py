@@ -1,0 +1,36 @@
+"""The simulated device's matmul for vLLM's unquantized linear layers.
+
+A device computes a linear layer with its own matmul kernel (the NPU's cube unit); the
+simulator's is the host's. For the token counts of a prefill chunk it is oneDNN's
+(`mkldnn._linear_pointwise` with the plain weight, the kernel torch's Inductor emits on
+CPUs): ~35% faster than MKL's `F.linear` on this project's 2-core host for 8,192 x 128
+inputs (docs/performance.md, "Prefill linears"), same float32 inputs and accumulation,
+equal to `F.linear` within float32 rounding (bitwise at 128-wide inputs in that
+measurement). Decode-sized inputs keep `F.linear` (oneDNN's per-call cost loses there),
+as does any other dtype or a torch built without oneDNN.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+# rows (tokens) from which oneDNN wins; decode batches (<= 512 rows) stay on F.linear
+ONEDNN_MIN_ROWS = 1024
+
+
+@functools.cache
+def _onednn() -> bool:
+    return torch.backends.mkldnn.is_available() and \
+        hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ weight.T + bias, as `F.linear`."""
+    if x.dtype == weight.dtype == torch.float32 and weight.dim() == 2 and x.dim() >= 2 \
+            and x.numel() >= ONEDNN_MIN_ROWS * x.shape[-1] and _onednn() \
+            and (bias is None or bias.dtype == torch.float32):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
