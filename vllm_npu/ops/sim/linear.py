@@ -4,7 +4,7 @@ A device computes a linear layer with its own matmul kernel (the NPU's cube unit
 simulator's is the host's. For the token counts of a prefill chunk it is oneDNN's
 (`mkldnn._linear_pointwise` with the plain weight, the kernel torch's Inductor emits on
 CPUs): ~35% faster than MKL's `F.linear` on this project's 2-core host for 8,192 x 128
-inputs (docs/performance.md, "Prefill linears"), same float32 inputs and accumulation,
+inputs (docs/performance.md, "Prefill in place"), same float32 inputs and accumulation,
 equal to `F.linear` within float32 rounding (bitwise at 128-wide inputs in that
 measurement). Decode-sized inputs keep `F.linear` (oneDNN's per-call cost loses there),
 as does any other dtype or a torch built without oneDNN.
