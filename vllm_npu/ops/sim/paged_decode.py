@@ -158,7 +158,7 @@ def paged_rows(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.
         raise MemoryError(f"paged_decode: no scratch memory for {B} requests of up to "
                           f"{int((lens - first).max())} keys")
     if status == -2:
-        raise ValueError(f"paged_decode: a request's keys (lengths {lens.tolist()}) reach "
+        raise ValueError(f"paged_decode: a request's keys (up to {int(lens.max())}) reach "
                          f"past its block table row ({table.shape[1]} blocks of {k.shape[1]}) "
                          f"or a block id outside [0, {args.num_blocks})")
     return out.to(query.dtype), lse
