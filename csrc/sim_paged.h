@@ -50,7 +50,8 @@ static inline const int32_t *table_row(const pd_args *a, int64_t b) {
 
 /* Rows r0 .. r0 + m - 1 of one request (one table row) as a tile: float32 caches, no
  * rope (`tile_fits`). 0, or -1 when scratch memory could not be allocated. */
-int prefill_tile(const pd_args *a, int64_t r0, int64_t m, scratch *s);
+__attribute__((visibility("hidden"))) int prefill_tile(const pd_args *a, int64_t r0, int64_t m,
+                                                   scratch *s);
 int tile_fits(const pd_args *a);
 /* rows per tile for this call's heads */
 int64_t tile_rows(const pd_args *a);
