@@ -399,9 +399,20 @@ static int threads_for(const pd_args *a, int threads) {
     return threads < 1 ? 1 : threads;
 }
 
-/* Returns 0; -1 when scratch memory could not be allocated; -2 when a request's keys
- * fall outside its table row or the cache (`check_blocks`). Calls are serialised
- * (one pool, one set of scratch buffers). */
+/* Opens a call (serialised: one pool, one set of scratch buffers): its work items
+ * planned, the thread count fitted to its work. -1 (call not opened) without memory. */
+static int open_call(const pd_args *a, int *threads) {
+    pthread_mutex_lock(&one_call);
+    if (plan_tiles(a)) {
+        pthread_mutex_unlock(&one_call);
+        return -1;
+    }
+    *threads = threads_for(a, *threads);
+    pool.next = 0;
+    pool.failed = 0;
+    return 0;
+}
+
 /* ---- torch's OpenMP team ------------------------------------------------------------
  * In eager forwards torch computes with the device's cores through its OpenMP runtime,
  * whose idle workers spin for a while after every parallel op: a helper of our own pool
@@ -430,27 +441,17 @@ static void team_member(void *arg) { drain(arg, &scratches[gomp_thread_num()]); 
 EXPORT int npu_sim_paged_decode_team(const pd_args *a, int threads) {
     pthread_once(&gomp_once, find_gomp);
     if (!gomp_parallel) return -3;
-    pthread_mutex_lock(&one_call);
-    if (plan_tiles(a)) {
-        pthread_mutex_unlock(&one_call);
-        return -1;
-    }
-    threads = threads_for(a, threads);
-    pool.next = 0;
-    pool.failed = 0;
+    if (open_call(a, &threads)) return -1;
     gomp_parallel(team_member, (void *)a, (unsigned)threads, 0);
     const int failed = pool.failed;
     pthread_mutex_unlock(&one_call);
     return failed;
 }
 
+/* Returns 0; -1 when scratch memory could not be allocated; -2 when a request's keys
+ * fall outside its table row or the cache (`check_blocks`). */
 EXPORT int npu_sim_paged_decode(const pd_args *a, int threads) {
-    pthread_mutex_lock(&one_call);
-    if (plan_tiles(a)) {
-        pthread_mutex_unlock(&one_call);
-        return -1;
-    }
-    threads = threads_for(a, threads);
+    if (open_call(a, &threads)) return -1;
     pthread_mutex_lock(&pool.mu);
     if (pool.owner != getpid()) {  /* first call, or a forked child: no helpers yet */
         pool.started = 0;
@@ -464,8 +465,6 @@ EXPORT int npu_sim_paged_decode(const pd_args *a, int threads) {
         pool.started++;
     }
     pool.args = a;
-    pool.next = 0;
-    pool.failed = 0;
     pool.wanted = threads - 1;
     pool.open = 1;
     pool.round++;

@@ -29,41 +29,36 @@ def _device_gemm(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor,
     return sim_linear.linear(x, weight, bias)
 
 
-def _use_device_matmul(layer: torch.nn.Module) -> None:
-    if type(layer.quant_method) is UnquantizedLinearMethod:
-        layer.quant_method._gemm_impl = _device_gemm
+class _DeviceMatmul:
+    """Mixed in front of a vLLM linear class: its unquantized method's gemm becomes the
+    simulated device's matmul once the layer is built."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if type(self.quant_method) is UnquantizedLinearMethod:
+            self.quant_method._gemm_impl = _device_gemm
 
 
 @ReplicatedLinear.register_oot
-class NPUReplicatedLinear(ReplicatedLinear):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        _use_device_matmul(self)
+class NPUReplicatedLinear(_DeviceMatmul, ReplicatedLinear):
+    pass
 
 
 @ColumnParallelLinear.register_oot
-class NPUColumnParallelLinear(ColumnParallelLinear):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        _use_device_matmul(self)
+class NPUColumnParallelLinear(_DeviceMatmul, ColumnParallelLinear):
+    pass
 
 
 @MergedColumnParallelLinear.register_oot
-class NPUMergedColumnParallelLinear(MergedColumnParallelLinear):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        _use_device_matmul(self)
+class NPUMergedColumnParallelLinear(_DeviceMatmul, MergedColumnParallelLinear):
+    pass
 
 
 @QKVParallelLinear.register_oot
-class NPUQKVParallelLinear(QKVParallelLinear):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        _use_device_matmul(self)
+class NPUQKVParallelLinear(_DeviceMatmul, QKVParallelLinear):
+    pass
 
 
 @RowParallelLinear.register_oot
-class NPURowParallelLinear(RowParallelLinear):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        _use_device_matmul(self)
+class NPURowParallelLinear(_DeviceMatmul, RowParallelLinear):
+    pass
