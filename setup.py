@@ -64,8 +64,9 @@ setup(
         # -fopenmp-simd: the `omp simd` reductions only (no OpenMP runtime); no
         # -ffast-math, which would set flush-to-zero for the whole process
         Extension("vllm_npu.ops.sim.libnpu_sim_kernels",
-                  sources=["csrc/sim_kernels.c", "csrc/sim_prefill.c", "csrc/sim_rows.c"],
-                  depends=["csrc/sim_math.h", "csrc/sim_paged.h"],
+                  sources=["csrc/sim_kernels.c", "csrc/sim_prefill.c", "csrc/sim_decode.c",
+                           "csrc/sim_rows.c"],
+                  depends=["csrc/sim_math.h", "csrc/sim_paged.h", "csrc/sim_vec.h"],
                   extra_compile_args=["-O3", *COMMON, "-fopenmp-simd", "-fno-math-errno",
                                       "-fno-trapping-math", "-Wno-psabi"],
                   extra_link_args=["-pthread"], libraries=["m", "dl"]),

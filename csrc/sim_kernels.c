@@ -6,8 +6,9 @@
  * n / (N / H) in block-table row row_of[r] (r for decode rows), read where they lie in the
  * table's blocks, never gathered into a padded copy. float32 arithmetic (bf16 caches
  * widened on load); writes out [B, N, Dv] float32 and, when asked, lse [B, N] (-inf and a
- * zero row for a row with no key). Decode rows run here (one_request); runs of prefill
- * rows of one request as tiles (sim_prefill.c).
+ * zero row for a row with no key). Decode rows of float32 caches run in one pass
+ * (sim_decode.c), the others (bf16, rope, head dims not in vectors of 16) in two here
+ * (one_request); runs of prefill rows of one request as tiles (sim_prefill.c).
  *
  * Called through ctypes (vllm_npu/ops/sim/paged_decode.py); plain C11, no Python API. Work is
  * split by request (tile) over a small pool of threads that sleep on a condition variable
@@ -94,41 +95,6 @@ static inline int keys_in_place(const pd_args *a) {
     return !a->bf16 && a->R == 0 && a->D % 8 == 0;
 }
 
-/* The cache lines of the rows (every head) of the token at position `pos`, requested
- * ahead of use: a request's keys sit in blocks scattered over the cache, so the hardware
- * prefetcher, which follows address streams, stalls at every block and at every request's
- * first rows; asking PREFETCH_AHEAD tokens early keeps the loads in flight while the dots
- * of the current ones run (a cold-cache call ran 3-4x slower than the same call on cached
- * rows). */
-#define PREFETCH_AHEAD 32
-static inline void prefetch_row(const pd_args *a, int64_t blk, int64_t off, const void *cache,
-                                int64_t blk_stride, int64_t tok_stride, int64_t head_stride,
-                                int64_t width, size_t esz) {
-    const char *row = (const char *)cache + (size_t)(blk * blk_stride + off * tok_stride) * esz;
-    if (head_stride == width) {  /* the heads side by side: one span */
-        for (size_t x = 0; x < (size_t)(a->H * width) * esz; x += 64)
-            __builtin_prefetch(row + x, 0, 3);
-        return;
-    }
-    for (int64_t h = 0; h < a->H; h++)
-        for (size_t x = 0; x < (size_t)width * esz; x += 64)
-            __builtin_prefetch(row + (size_t)(h * head_stride) * esz + x, 0, 3);
-}
-
-/* Rows of tokens [from, to) of a request (clamped to its n keys) requested. */
-static inline void prefetch_tokens(const pd_args *a, const int32_t *blocks, int64_t lo,
-                                   int64_t from, int64_t to, int64_t n, const void *cache,
-                                   int64_t blk_stride, int64_t tok_stride,
-                                   int64_t head_stride, int64_t width, size_t esz) {
-    if (from >= n) return;
-    int64_t c = (lo + from) / a->bs, off = (lo + from) % a->bs;
-    for (int64_t t = from; t < to && t < n; t++) {
-        prefetch_row(a, blocks[c], off, cache, blk_stride, tok_stride, head_stride, width,
-                     esz);
-        if (++off == a->bs) off = 0, c++;
-    }
-}
-
 /* Block id and offset of tokens t0 .. t0 + 7 of a request (positions lo + t), found once
  * per group of eight (a 64-bit division per token and head cost more than the dots);
  * tokens past the request's m valid ones repeat the last. */
@@ -148,7 +114,7 @@ static inline void token_slots(const pd_args *a, const int32_t *blocks, int64_t 
 }
 
 CLONES
-static void one_request(const pd_args *a, int64_t b, scratch *s, int64_t next) {
+static void one_request(const pd_args *a, int64_t b, scratch *s) {
     const int64_t N = a->N, H = a->H, D = a->D, R = a->R, Dv = a->Dv, g = N / H;
     const int64_t W = keys_in_place(a) ? D : padded(D) + padded(R);
     const int64_t lo = a->first[b], hi = a->lens[b], n = hi - lo;
@@ -157,6 +123,10 @@ static void one_request(const pd_args *a, int64_t b, scratch *s, int64_t next) {
         memset(out, 0, (size_t)(N * Dv) * sizeof(float));
         if (a->lse)
             for (int64_t i = 0; i < N; i++) a->lse[b * N + i] = -INFINITY;
+        return;
+    }
+    if (decode_fits(a)) {
+        decode_row(a, b, s);
         return;
     }
     const size_t esz = a->bf16 ? 2 : 4;
@@ -172,12 +142,8 @@ static void one_request(const pd_args *a, int64_t b, scratch *s, int64_t next) {
     }
     /* scores[n, t] = q_n . k_t (+ q_rope_n . k_rope_t), eight keys at a time, every
      * head of a token row before the next rows (each cache line fetched once) */
-#define PREFETCH_K(from, to) prefetch_tokens(a, blocks, lo, from, to, n, a->k, a->k_blk, \
-                                             a->k_tok, a->k_head, D, esz)
-    PREFETCH_K(0, PREFETCH_AHEAD);
     for (int64_t t0 = 0; t0 < n; t0 += 8) {
         const int64_t m = n - t0 < 8 ? n - t0 : 8;
-        PREFETCH_K(t0 + PREFETCH_AHEAD, t0 + PREFETCH_AHEAD + 8);
         int64_t tb[8], to[8];  /* past the end: a repeat */
         token_slots(a, blocks, lo + t0, m, tb, to);
         for (int64_t h = 0; h < H; h++) {
@@ -206,9 +172,6 @@ static void one_request(const pd_args *a, int64_t b, scratch *s, int64_t next) {
             }
         }
     }
-#define PREFETCH_V(from, to) prefetch_tokens(a, blocks, lo, from, to, n, a->v, a->v_blk, \
-                                             a->v_tok, a->v_head, Dv, esz)
-    PREFETCH_V(0, PREFETCH_AHEAD);  /* in flight during the softmax */
     /* softmax numerators in place; their sums normalise at the end */
     float sums[N];
     for (int64_t i = 0; i < N; i++) {
@@ -228,7 +191,6 @@ static void one_request(const pd_args *a, int64_t b, scratch *s, int64_t next) {
     memset(acc, 0, (size_t)(N * Dv) * sizeof(float));
     for (int64_t t0 = 0; t0 < n; t0 += 8) {
         const int64_t m = n - t0 < 8 ? n - t0 : 8;
-        PREFETCH_V(t0 + PREFETCH_AHEAD, t0 + PREFETCH_AHEAD + 8);
         int64_t tb[8], to[8];  /* past the end: a repeat, weight 0 */
         token_slots(a, blocks, lo + t0, m, tb, to);
         for (int64_t h = 0; h < H; h++) {
@@ -253,12 +215,6 @@ static void one_request(const pd_args *a, int64_t b, scratch *s, int64_t next) {
                              p[6] * v[6][d] + p[7] * v[7][d];
             }
         }
-    }
-    if (next >= 0 && next < a->B && !check_blocks(a, next)) {
-        /* the next request's first keys, in flight while this one is finished off */
-        const int64_t nlo = a->first[next], nn = a->lens[next] - nlo;
-        prefetch_tokens(a, table_row(a, next), nlo, 0, PREFETCH_AHEAD, nn,
-                        a->k, a->k_blk, a->k_tok, a->k_head, D, esz);
     }
     for (int64_t i = 0; i < N; i++) {
         const float inv = 1.0f / sums[i];
@@ -334,7 +290,7 @@ static int plan_tiles(const pd_args *a) {
     return 0;
 }
 
-static void run_item(const pd_args *a, int64_t item, int64_t next, scratch *s) {
+static void run_item(const pd_args *a, int64_t item, scratch *s) {
     const int64_t r0 = tiles.n ? tiles.start[item] : item;
     const int64_t m = tiles.n ? tiles.start[item + 1] - r0 : 1;
     for (int64_t r = r0; r < r0 + m; r++)
@@ -346,8 +302,7 @@ static void run_item(const pd_args *a, int64_t item, int64_t next, scratch *s) {
         if (prefill_tile(a, r0, m, s)) __atomic_store_n(&pool.failed, -1, __ATOMIC_RELAXED);
         return;
     }
-    const int64_t items = tiles.n ? tiles.n : a->B;
-    one_request(a, r0, s, next < items ? (tiles.n ? tiles.start[next] : next) : -1);
+    one_request(a, r0, s);
 }
 
 static void drain(const pd_args *a, scratch *s) {
@@ -355,15 +310,9 @@ static void drain(const pd_args *a, scratch *s) {
         __atomic_store_n(&pool.failed, -1, __ATOMIC_RELAXED);
         return;
     }
-    /* each item's successor is claimed before it runs, so that its first keys can be
-     * prefetched while the current one finishes */
     const int64_t items = tiles.n ? tiles.n : a->B;
-    int64_t item = __atomic_fetch_add(&pool.next, 1, __ATOMIC_RELAXED);
-    while (item < items) {
-        const int64_t next = __atomic_fetch_add(&pool.next, 1, __ATOMIC_RELAXED);
-        run_item(a, item, next, s);
-        item = next;
-    }
+    for (int64_t item; (item = __atomic_fetch_add(&pool.next, 1, __ATOMIC_RELAXED)) < items;)
+        run_item(a, item, s);
 }
 
 static void *helper(void *arg) {

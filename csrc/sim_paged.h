@@ -53,6 +53,11 @@ static inline const int32_t *table_row(const pd_args *a, int64_t b) {
 __attribute__((visibility("hidden"))) int prefill_tile(const pd_args *a, int64_t r0, int64_t m,
                                                    scratch *s);
 int tile_fits(const pd_args *a);
+
+/* Decode row b (keys first[b] < lens[b]) in one pass (sim_decode.c): float32 caches, no
+ * rope, head dims multiples of 16 (`decode_fits`). Needs scratch q [N, D], acc [N, Dv]. */
+__attribute__((visibility("hidden"))) void decode_row(const pd_args *a, int64_t b, scratch *s);
+int decode_fits(const pd_args *a);
 /* rows per tile for this call's heads */
 int64_t tile_rows(const pd_args *a);
 

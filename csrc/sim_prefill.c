@@ -16,27 +16,11 @@
 
 #include "sim_math.h"
 #include "sim_paged.h"
+#include "sim_vec.h"
 
 #define KC 32          /* keys per chunk (two vectors of 16) */
 #define TILE_HEADS 64  /* rows x query heads of one KV head per tile, at most */
 #define TILE_ROWS 16
-
-typedef float v16 __attribute__((vector_size(64)));
-
-static inline v16 ld16(const float *p) {
-    v16 x;
-    memcpy(&x, p, sizeof x);
-    return x;
-}
-
-static inline void st16(float *p, v16 x) { memcpy(p, &x, sizeof x); }
-
-typedef int32_t v16i __attribute__((vector_size(64)));
-
-static inline v16 max16(v16 x, v16 y) {
-    const v16i take = x > y;
-    return (v16)(((v16i)x & take) | ((v16i)y & ~take));
-}
 
 /* max of lanes j in [f, e) of the 32 scores s0 | s1 (-inf when none) */
 static inline float masked_max(v16 s0, v16 s1, int64_t f, int64_t e) {

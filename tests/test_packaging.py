@@ -79,7 +79,8 @@ def test_the_wheel_is_a_platform_wheel_holding_the_simulator(dists):
 
     members = tarfile.open(dists["sdist"]).getnames()
     for src in ("csrc/hccl_sim.c", "csrc/hccl_sim.h", "csrc/sim_kernels.c",
-                "csrc/sim_prefill.c", "csrc/sim_paged.h", "setup.py"):
+                "csrc/sim_prefill.c", "csrc/sim_decode.c", "csrc/sim_paged.h",
+                "csrc/sim_vec.h", "csrc/sim_math.h", "setup.py"):
         assert any(m.endswith(src) for m in members), src
 
 

@@ -15,19 +15,19 @@ from vllm_npu.ops.sim.paged_decode import paged_decode, paged_rows, supports
 BS = 128
 
 
-def _paged(logical: list[torch.Tensor], num_blocks: int, seed: int):
+def _paged(logical: list[torch.Tensor], num_blocks: int, seed: int, bs: int = BS):
     """Scatter each request's [len, H, D] rows into a shuffled paged cache."""
     g = torch.Generator().manual_seed(seed)
     free = torch.randperm(num_blocks, generator=g).tolist()  # first: same seed, same blocks
     h, d = logical[0].shape[1:]
-    cache = torch.randn(num_blocks, BS, h, d, generator=g).to(logical[0].dtype)
-    width = max(-(-len(x) // BS) for x in logical)
+    cache = torch.randn(num_blocks, bs, h, d, generator=g).to(logical[0].dtype)
+    width = max(-(-len(x) // bs) for x in logical)
     table = torch.zeros(len(logical), max(width, 1), dtype=torch.int32)
     for b, rows in enumerate(logical):
-        for c in range(-(-len(rows) // BS)):
+        for c in range(-(-len(rows) // bs)):
             blk = free.pop()
             table[b, c] = blk
-            part = rows[c * BS:(c + 1) * BS]
+            part = rows[c * bs:(c + 1) * bs]
             cache[blk, :len(part)] = part
     return cache, table
 
@@ -76,6 +76,29 @@ def test_decode_matches_reference(dtype, heads, kv_heads, dim, window):
     torch.testing.assert_close(out.double(), ref_out, **tol)
     torch.testing.assert_close(lse.double(), ref_lse.float().double(), atol=1e-5, rtol=1e-5)
     assert out[6].abs().sum() == 0 and lse[6].eq(-math.inf).all()  # no key: zero, -inf
+
+
+@pytest.mark.parametrize("kv_heads,dim,dim_v,bs", [(2, 32, 32, 24), (8, 128, 128, 16),
+                                                  (1, 64, 32, 40), (3, 16, 48, 7)])
+def test_float32_decode_layouts_match_reference(kv_heads, dim, dim_v, bs):
+    """float32 rows run in one pass over chunks of 16 keys (csrc/sim_decode.c), except
+    token rows 4 KiB apart (8 x 128: the two-pass kernel): chunks that cross blocks of
+    24 / 40 / 7 tokens, value rows narrower or wider than keys, windows that start a
+    chunk mid-block."""
+    lens = [1, 15, 16, 17, 200, 333, 48]
+    g = torch.Generator().manual_seed(dim + bs)
+    heads = kv_heads * 3
+    keys = [torch.randn(n, kv_heads, dim, generator=g) for n in lens]
+    values = [torch.randn(n, kv_heads, dim_v, generator=g) for n in lens]
+    k_cache, table = _paged(keys, 128, seed=4, bs=bs)
+    v_cache, _ = _paged(values, 128, seed=4, bs=bs)
+    q = torch.randn(len(lens), heads, dim, generator=g)
+    for window in (None, 21):
+        out, lse = paged_decode(q, k_cache, v_cache, kv_heads, table, torch.tensor(lens),
+                                0.17, window)
+        ref_out, ref_lse = _reference(q, keys, values, 0.17, window)
+        torch.testing.assert_close(out.double(), ref_out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=1e-5)
 
 
 def test_decode_with_rope_planes_matches_reference():
