@@ -18,3 +18,8 @@ def npu_swiglu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         return done
     a, b = x.chunk(2, dim=dim)
     return (F.silu(a.float()) * b.float()).to(x.dtype)
+
+
+def swiglu_into(out: torch.Tensor, x: torch.Tensor, dim: int = -1) -> bool:
+    """A graph replay's in-place run (norm.rms_norm_into)."""
+    return native.swiglu(x, dim, out=out) is not None

@@ -168,11 +168,14 @@ class _Entry:
     outputs: Any = None
     task: bool = False  # a task group's call: device-tensor arguments held weakly
     out_fn: Callable[..., Any] | None = None  # writes `outputs` in place (_out_overload)
+    into: Callable[..., bool] | None = None  # a graph op's `replay_into`
 
     def run(self) -> None:
         args, kwargs = self.args, self.kwargs
         if self.out_fn is not None:
             self.out_fn(*args, **kwargs, out=self.outputs)
+            return
+        if self.into is not None and self.into(self.outputs, *args, **kwargs):
             return
         if self.task:
             name = self.fn.__name__
@@ -280,7 +283,8 @@ class SimGraph:
 
 
 def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...] = (),
-             workspace: bool = False) -> Callable[..., Any]:
+             workspace: bool = False,
+             replay_into: Callable[..., bool] | None = None) -> Callable[..., Any]:
     """Make a simulated op graph-aware: recorded as one entry under capture (a task's
     entry inside a task group), and captured into a task update inside one.
 
@@ -295,9 +299,15 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
     `npu_fused_infer_attention_score.out` and ATB `_npu_paged_attention` otherwise
     allocate one per call and free it on return, so the task keeps a dangling address;
     vllm-ascend passes `_npu_fused_infer_attention_score_get_max_workspace` /
-    `_npu_paged_attention_get_workspace` results in its graph paths)."""
+    `_npu_paged_attention_get_workspace` results in its graph paths).
+
+    `replay_into(outputs, *args, **kwargs) -> bool`: how a replay of a call recorded
+    outside task groups computes straight into its captured outputs (as a device kernel
+    writes its graph-pool output), False where it does not cover the case; otherwise, and
+    for tasks, the replay runs the op and copies its results in."""
     if fn is None:
-        return functools.partial(graph_op, host_args=host_args, workspace=workspace)
+        return functools.partial(graph_op, host_args=host_args, workspace=workspace,
+                                 replay_into=replay_into)
     signature = inspect.signature(fn)
     extra = next((p.name for p in signature.parameters.values()
                   if p.kind is inspect.Parameter.VAR_KEYWORD), None)
@@ -361,7 +371,8 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
             check_task_call(named)
         with _disable_current_modes():  # the op is one task: its internals (and the
             out = fn(*args, **kwargs)  # copies of its host arguments) are not recorded
-            entry = _Entry(fn, *frozen(args, kwargs, task is not None), out, task is not None)
+            entry = _Entry(fn, *frozen(args, kwargs, task is not None), out, task is not None,
+                           into=None if task is not None else replay_into)
         if task is not None:
             given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
                      if isinstance(t, torch.Tensor)}

@@ -43,18 +43,30 @@ def _f32_contiguous(*tensors: torch.Tensor) -> bool:
     return all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
 
 
-def rms_norm(x1: torch.Tensor, x2: torch.Tensor | None, gamma: torch.Tensor, eps: float):
-    """(y, rstd, x1 + x2 or None) for float32 contiguous inputs; None otherwise."""
+def _dest(out: torch.Tensor | None, shape: torch.Size | tuple) -> torch.Tensor | None:
+    """`out` where given (a graph replay's captured output: float32, contiguous, `shape`),
+    else a new tensor; None when a given `out` does not fit (the caller's fallback)."""
+    if out is None:
+        return torch.empty(shape, dtype=torch.float32)
+    return out if out.shape == shape and _f32_contiguous(out) else None
+
+
+def rms_norm(x1: torch.Tensor, x2: torch.Tensor | None, gamma: torch.Tensor, eps: float,
+             out: tuple | None = None):
+    """(y, rstd, x1 + x2 or None) for float32 contiguous inputs; None otherwise. `out`:
+    (y, rstd[, xsum]) to write instead of new tensors."""
     lib = library()
     inputs = (x1, gamma) if x2 is None else (x1, x2, gamma)
     if lib is None or not _f32_contiguous(*inputs) or x1.numel() == 0:
         return None
     cols = gamma.numel()
     rows = x1.numel() // cols
-    y = torch.empty_like(x1)
-    rstd = torch.empty(*x1.shape[:x1.dim() - gamma.dim()], *([1] * gamma.dim()),
-                       dtype=torch.float32)
-    xsum = torch.empty_like(x1) if x2 is not None else None
+    given = tuple(out or ()) + (None,) * 3
+    y = _dest(given[0], x1.shape)
+    rstd = _dest(given[1], (*x1.shape[:x1.dim() - gamma.dim()], *([1] * gamma.dim())))
+    xsum = _dest(given[2], x1.shape) if x2 is not None else None
+    if y is None or rstd is None or (x2 is not None and xsum is None):
+        return None
     lib.npu_sim_rms_norm(x1.data_ptr(), None if x2 is None else x2.data_ptr(),
                          gamma.data_ptr(), y.data_ptr(), rstd.data_ptr(),
                          None if xsum is None else xsum.data_ptr(), rows, cols, eps)
@@ -62,14 +74,14 @@ def rms_norm(x1: torch.Tensor, x2: torch.Tensor | None, gamma: torch.Tensor, eps
 
 
 def rotary_mul(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor,
-               interleave: bool) -> torch.Tensor | None:
+               interleave: bool, out: torch.Tensor | None = None) -> torch.Tensor | None:
     """x * r1 + rotate(x) * r2 for 4-D float32 x (r1/r2 broadcast to it, every last dim
-    contiguous); None otherwise."""
+    contiguous), into `out` where given; None otherwise."""
     lib = library()
     if lib is None or any(t.dtype != torch.float32 or t.stride(3) != 1 for t in (x, r1, r2)):
         return None
-    out = torch.empty(x.shape, dtype=torch.float32)
-    if out.numel() == 0:
+    out = _dest(out, x.shape)
+    if out is None or out.numel() == 0:
         return out
     # shape, then x's, r1's and r2's strides (0 along a broadcast dim): one array
     dims = _I64x16(*x.shape, *x.stride(), *_broadcast_strides(r1), *_broadcast_strides(r2))
@@ -82,15 +94,15 @@ def _broadcast_strides(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(0 if n == 1 else st for n, st in zip(t.shape, t.stride()))
 
 
-def swiglu(x: torch.Tensor, dim: int) -> torch.Tensor | None:
-    """silu(first half) * second half along the last dim of a float32 contiguous x;
-    None otherwise."""
+def swiglu(x: torch.Tensor, dim: int, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """silu(first half) * second half along the last dim of a float32 contiguous x, into
+    `out` where given; None otherwise."""
     lib = library()
     if lib is None or x.dtype != torch.float32 or not x.is_contiguous() or x.dim() == 0 \
             or dim not in (-1, x.dim() - 1):
         return None
-    out = torch.empty(*x.shape[:-1], x.shape[-1] // 2, dtype=torch.float32)
-    if out.numel():
+    out = _dest(out, (*x.shape[:-1], x.shape[-1] // 2))
+    if out is not None and out.numel():
         lib.npu_sim_swiglu(x.data_ptr(), out.data_ptr(), out.numel() // out.shape[-1],
                            out.shape[-1])
     return out

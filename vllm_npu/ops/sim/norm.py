@@ -51,3 +51,17 @@ def npu_add_rms_norm(x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor,
     x = x1 + x2
     y, rstd = _rms(op, x, gamma, epsilon)
     return y, rstd, x
+
+
+# Graph replays write the captured outputs in place (graph.graph_op `replay_into`): the
+# arguments are the captured ones, already checked at capture. False: not covered, the
+# replay runs the op and copies its results in.
+def rms_norm_into(outputs: tuple, x: torch.Tensor, gamma: torch.Tensor,
+                  epsilon: float = 1e-6) -> bool:
+    return x.dtype == torch.float32 and \
+        native.rms_norm(x, None, gamma, epsilon, out=outputs) is not None
+
+
+def add_rms_norm_into(outputs: tuple, x1: torch.Tensor, x2: torch.Tensor,
+                      gamma: torch.Tensor, epsilon: float = 1e-6) -> bool:
+    return native.rms_norm(x1, x2, gamma, epsilon, out=outputs) is not None

@@ -44,3 +44,9 @@ def npu_rotary_mul(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor,
     xf = x.float()
     out = xf * r1.float() + _rotate(xf, rotary_mode) * r2.float()
     return out.to(x.dtype)
+
+
+def rotary_mul_into(out: torch.Tensor, x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor,
+                    rotary_mode: str = "half") -> bool:
+    """A graph replay's in-place run (norm.rms_norm_into)."""
+    return native.rotary_mul(x, r1, r2, rotary_mode == "interleave", out=out) is not None
