@@ -30,15 +30,11 @@
 static const int REV[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
 
 static inline v16 hsum16(const v16 p[16]) {
-    const v16i lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}, hi8 = lo8 + 8;
-    const v16i lo4 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}, hi4 = lo4 + 4;
-    const v16i lo2 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}, hi2 = lo2 + 2;
-    const v16i lo1 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}, hi1 = lo1 + 1;
     v16 u[8], t[4], r[2];
-    for (int i = 0; i < 8; i++) u[i] = FOLD(p[2 * i], p[2 * i + 1], lo8, hi8);
-    for (int i = 0; i < 4; i++) t[i] = FOLD(u[2 * i], u[2 * i + 1], lo4, hi4);
-    for (int i = 0; i < 2; i++) r[i] = FOLD(t[2 * i], t[2 * i + 1], lo2, hi2);
-    return FOLD(r[0], r[1], lo1, hi1);
+    for (int i = 0; i < 8; i++) u[i] = FOLD(p[2 * i], p[2 * i + 1], LO8, HI8);
+    for (int i = 0; i < 4; i++) t[i] = FOLD(u[2 * i], u[2 * i + 1], LO4, HI4);
+    for (int i = 0; i < 2; i++) r[i] = FOLD(t[2 * i], t[2 * i + 1], LO2, HI2);
+    return FOLD(r[0], r[1], LO1, HI1);
 }
 
 /* Token rows 4 KiB apart (8 KV heads of 128, say) put a chunk's 16 rows of a head into
@@ -82,28 +78,25 @@ static inline __attribute__((always_inline)) void prefetch_rows(const pd_args *a
     }
 }
 
-/* max of the 16 lanes: four rounds of max against a rotated copy */
+/* lane rotations within blocks of 16, 8, 4, 2: four rounds of an operation against the
+ * rotated copy leave its reduction over all 16 lanes in every lane */
+static const v16i ROT8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
+static const v16i ROT4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
+static const v16i ROT2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
+static const v16i ROT1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+
 static inline float hmax16(v16 x) {
-    const v16i r8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
-    const v16i r4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
-    const v16i r2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
-    const v16i r1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
-    x = max16(x, __builtin_shuffle(x, r8));
-    x = max16(x, __builtin_shuffle(x, r4));
-    x = max16(x, __builtin_shuffle(x, r2));
-    return max16(x, __builtin_shuffle(x, r1))[0];
+    x = max16(x, __builtin_shuffle(x, ROT8));
+    x = max16(x, __builtin_shuffle(x, ROT4));
+    x = max16(x, __builtin_shuffle(x, ROT2));
+    return max16(x, __builtin_shuffle(x, ROT1))[0];
 }
 
-/* sum of the 16 lanes */
 static inline float hadd16(v16 x) {
-    const v16i r8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
-    const v16i r4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
-    const v16i r2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
-    const v16i r1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
-    x += __builtin_shuffle(x, r8);
-    x += __builtin_shuffle(x, r4);
-    x += __builtin_shuffle(x, r2);
-    return (x + __builtin_shuffle(x, r1))[0];
+    x += __builtin_shuffle(x, ROT8);
+    x += __builtin_shuffle(x, ROT4);
+    x += __builtin_shuffle(x, ROT2);
+    return (x + __builtin_shuffle(x, ROT1))[0];
 }
 
 /* exp_nonpositive (sim_math.h) on 16 lanes: the same steps, floor through truncation */
@@ -113,15 +106,7 @@ static inline v16 exp16(v16 x) {
     v16i ki = __builtin_convertvector(t, v16i);               /* toward zero */
     ki += (v16i)(__builtin_convertvector(ki, v16) > t);       /* -1 where that rounded up */
     const v16 k = __builtin_convertvector(ki, v16);
-    const v16 r = x - k * 0.693359375f + k * 2.12194440e-4f;
-    v16 p = (v16){0} + 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    const v16 p = EXP_POLY(EXP_REDUCE(x, k));
     return p * (v16)((ki + 127) << 23);
 }
 

@@ -25,18 +25,9 @@
 
 #include "sim_math.h"
 #include "sim_paged.h"
+#include "sim_vec.h"
 
 /* ---- arithmetic ------------------------------------------------------------------- */
-
-/* GCC/Clang vector extensions: AVX/AVX-512 or NEON code from one source. */
-typedef float v8 __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-
-static inline v8 load8(const float *p) {
-    v8 x;
-    memcpy(&x, p, sizeof x);
-    return x;
-}
 
 /* [sum(p[0]), ..., sum(p[7])]: three rounds of pairwise interleave-and-add. */
 static inline v8 hsum8x8(const v8 p[8]) {

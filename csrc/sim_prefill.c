@@ -54,14 +54,10 @@ static inline float masked_max(v16 s0, v16 s1, int64_t f, int64_t e) {
         }
 
 static inline void transpose16(v16 x[16]) {
-    const v16i lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}, hi8 = lo8 + 8;
-    const v16i lo4 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}, hi4 = lo4 + 4;
-    const v16i lo2 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}, hi2 = lo2 + 2;
-    const v16i lo1 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}, hi1 = lo1 + 1;
-    SWAP_LEVEL(x, 8, lo8, hi8)
-    SWAP_LEVEL(x, 4, lo4, hi4)
-    SWAP_LEVEL(x, 2, lo2, hi2)
-    SWAP_LEVEL(x, 1, lo1, hi1)
+    SWAP_LEVEL(x, 8, LO8, HI8)
+    SWAP_LEVEL(x, 4, LO4, HI4)
+    SWAP_LEVEL(x, 2, LO2, HI2)
+    SWAP_LEVEL(x, 1, LO1, HI1)
 }
 
 /* float32 caches, no rope, value rows in whole vectors */

@@ -58,8 +58,7 @@ def npu_add_rms_norm(x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor,
 # replay runs the op and copies its results in.
 def rms_norm_into(outputs: tuple, x: torch.Tensor, gamma: torch.Tensor,
                   epsilon: float = 1e-6) -> bool:
-    return x.dtype == torch.float32 and \
-        native.rms_norm(x, None, gamma, epsilon, out=outputs) is not None
+    return native.rms_norm(x, None, gamma, epsilon, out=outputs) is not None
 
 
 def add_rms_norm_into(outputs: tuple, x1: torch.Tensor, x2: torch.Tensor,
