@@ -302,9 +302,13 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
     `_npu_paged_attention_get_workspace` results in its graph paths).
 
     `replay_into(outputs, *args, **kwargs) -> bool`: how a replay of a call recorded
-    outside task groups computes straight into its captured outputs (as a device kernel
-    writes its graph-pool output), False where it does not cover the case; otherwise, and
-    for tasks, the replay runs the op and copies its results in."""
+    outside task groups computes straight into its captured outputs, False where it does
+    not cover the case; otherwise, and for tasks, the replay runs the op and copies its
+    results in. On the device a replay re-launches the captured kernels on the addresses
+    they had at capture, their outputs in the graph's memory pool (torch_npu
+    `csrc/core/npu/NPUGraph.cpp`: `capture_begin` allocates from the graph's `MemPool` and
+    records through `aclmdlRICaptureBegin`, `replay` executes the recorded model), so the
+    outputs are written in place, never fresh tensors."""
     if fn is None:
         return functools.partial(graph_op, host_args=host_args, workspace=workspace,
                                  replay_into=replay_into)
