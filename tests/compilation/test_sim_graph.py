@@ -81,6 +81,42 @@ def test_replayed_aten_ops_write_their_captured_outputs_in_place(monkeypatch):
     assert len(copies) == 1  # contiguous's result only
 
 
+def test_replayed_matmuls_run_on_the_device_cores_and_the_rest_on_one_thread(monkeypatch):
+    """A replay runs its matrix products (linear, mm, bmm, ...) with torch's threads = the
+    simulated device's cores and every other op on the host's single thread (vLLM's
+    serving setting), which it gets back after each matmul; results equal eager."""
+    from vllm_npu.ops.sim import cores
+
+    x, w, b = torch.randn(64, 32), torch.randn(48, 32), torch.randn(48)
+    m = torch.randn(3, 48, 8)
+
+    def forward():
+        h = torch.nn.functional.linear(x, w, b).relu()
+        return torch.bmm(h.unsqueeze(0).expand(3, -1, -1), m) * 0.5, h @ w
+
+    seen = []
+    real_run = g._Entry._run
+    monkeypatch.setattr(g._Entry, "_run", lambda self: (
+        seen.append((self.fn.name(), torch.get_num_threads())), real_run(self)))
+    monkeypatch.setattr(cores, "device_cores", lambda: 3)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.inference_mode():
+            graph, (y, z) = _capture(forward)
+            assert [e.matmul for e in graph.entries] == [True, False, True, False, True]
+            x.copy_(torch.randn(64, 32))
+            graph.replay()
+            assert torch.get_num_threads() == 1
+            want_y, want_z = forward()
+        torch.testing.assert_close(y, want_y, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(z, want_z, rtol=1e-6, atol=1e-6)
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [("aten::linear", 3), ("aten::relu", 1), ("aten::bmm", 3),
+                    ("aten::mul.Tensor", 1), ("aten::matmul", 3)]
+
+
 def test_replayed_row_ops_write_their_captured_outputs_in_place(monkeypatch):
     """The simulated row ops (RMSNorm with and without the residual add, rotary, SwiGLU)
     replay straight into their captured outputs through `replay_into` when the native

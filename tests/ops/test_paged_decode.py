@@ -242,17 +242,30 @@ def _batch(n_req: int, heads: int, kv_heads: int, dim: int, seed: int, dtype=tor
     return q, keys, values, k_cache, v_cache, table, torch.tensor(lens)
 
 
+def _without_team(monkeypatch) -> None:
+    """As under a torch without GNU OpenMP: the team entry answers -3, the kernel's own
+    pool runs."""
+    from vllm_npu.ops.sim import paged_decode as pd
+
+    entry = pd._entry
+    monkeypatch.setattr(pd, "_entry", lambda name: (lambda *a: pd._NO_TEAM)
+                        if name == "npu_sim_paged_decode_team" else entry(name))
+
+
 def test_results_do_not_depend_on_the_kernel_threads(monkeypatch):
-    """A batch large enough to be split over helper threads: 1, 2 and 5 threads give
-    bit-identical results (each request is computed by one thread), equal to the
-    reference."""
+    """A batch large enough to be split over threads: 1, 2 and 5 threads, on torch's
+    OpenMP team and on the kernel's own pool, give bit-identical results (each request
+    is computed by one thread), equal to the reference."""
     from vllm_npu.ops.sim import paged_decode as pd
 
     q, keys, values, k_cache, v_cache, table, lens = _batch(96, 8, 2, 64, seed=21)
     results = []
-    for n in (1, 2, 5):
-        monkeypatch.setattr(pd.cores, "device_cores", lambda n=n: n)
-        results.append(paged_decode(q, k_cache, v_cache, 2, table, lens, 0.125))
+    for pool in (False, True):
+        if pool:
+            _without_team(monkeypatch)
+        for n in (1, 2, 5):
+            monkeypatch.setattr(pd.cores, "device_cores", lambda n=n: n)
+            results.append(paged_decode(q, k_cache, v_cache, 2, table, lens, 0.125))
     for out, lse in results[1:]:
         assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
     ref_out, ref_lse = _reference(q, keys, values, 0.125)
@@ -369,7 +382,7 @@ def test_device_cores_come_from_the_environment_or_the_host_share(monkeypatch):
         cores.set_ranks_on_host(1)
 
 
-def test_eager_compute_threads_restore_the_host_setting(monkeypatch):
+def test_device_compute_threads_restore_the_host_setting(monkeypatch):
     import torch
 
     from vllm_npu.ops.sim import cores
@@ -379,7 +392,7 @@ def test_eager_compute_threads_restore_the_host_setting(monkeypatch):
     cores.device_cores.cache_clear()
     try:
         torch.set_num_threads(1)  # vLLM's serving setting
-        with cores.eager_compute_threads():
+        with cores.device_compute_threads():
             assert torch.get_num_threads() == 2
         assert torch.get_num_threads() == 1
     finally:
@@ -392,7 +405,7 @@ class _NotCalled:
     """A kernel entry that must not run (its presence still says the library loaded)."""
 
     def __call__(self, *args):
-        raise AssertionError("the kernel's own pool ran inside an eager forward")
+        raise AssertionError("the kernel's own pool ran where torch's OpenMP team was there")
 
 
 @pytest.mark.parametrize("heads,kv_heads,dim,dim_v", [(4, 2, 32, 32), (8, 1, 40, 48),
@@ -403,7 +416,8 @@ def test_prefill_rows_match_reference_for_any_key_limits(heads, kv_heads, dim, d
     query heads per KV head 1..8, key dims not a multiple of 16, value dims of one to four
     vectors), each row with its own key range [first, lens): causal, banded, empty, all
     keys. Equal to a float64 softmax over exactly those keys, with the same result for 1
-    and 3 kernel threads and on torch's OpenMP team (a tile is one thread's work)."""
+    and 3 threads of the kernel's own pool and on torch's OpenMP team (a tile is one
+    thread's work)."""
     from vllm_npu.ops.sim import paged_decode as pd
 
     g = torch.Generator().manual_seed(heads * 100 + dim)
@@ -422,21 +436,24 @@ def test_prefill_rows_match_reference_for_any_key_limits(heads, kv_heads, dim, d
     lens[-20:] = kv_lens[-1]  # request 4: every key
     q = torch.randn(len(row_of), heads, dim, generator=g)
     results = []
-    for threads in (1, 3):
-        monkeypatch.setattr(pd.cores, "device_cores", lambda n=threads: n)
-        results.append(paged_rows(q, k_cache, v_cache, kv_heads, table, first, lens, 0.3,
-                                  row_of=row_of))
-    # inside an eager forward (torch's threads = the device's cores) on torch's OpenMP
-    # team, never the kernel's own pool
+    with monkeypatch.context() as patch:  # the kernel's own pool
+        _without_team(patch)
+        for threads in (1, 3):
+            patch.setattr(pd.cores, "device_cores", lambda n=threads: n)
+            results.append(paged_rows(q, k_cache, v_cache, kv_heads, table, first, lens,
+                                      0.3, row_of=row_of))
+    # with more than one core, on torch's OpenMP team (whatever torch's own thread
+    # count: a replay keeps one between its matmuls), never the kernel's own pool
     monkeypatch.setattr(pd.cores, "device_cores", lambda: 2)
     monkeypatch.setattr(pd, "_kernel", _NotCalled())
     before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        results.append(paged_rows(q, k_cache, v_cache, kv_heads, table, first, lens, 0.3,
-                                  row_of=row_of))
-    finally:
-        torch.set_num_threads(before)
+    for torch_threads in (1, 2):
+        torch.set_num_threads(torch_threads)
+        try:
+            results.append(paged_rows(q, k_cache, v_cache, kv_heads, table, first, lens,
+                                      0.3, row_of=row_of))
+        finally:
+            torch.set_num_threads(before)
     for other in results[1:]:
         assert torch.equal(results[0][0], other[0]) and torch.equal(results[0][1], other[1])
     out, lse = results[0]

@@ -13,7 +13,9 @@ attention backend; only its CUDA-specific leaves change here:
     model on its chunk of the batch's tokens, the hidden states are all-gathered
     (attention/prefill_context_parallel.py);
   - seeded sampling: CPU generators (simulated NPU) are rewound by state, not by Philox
-    offset, when a partial prefill's sample is discarded (worker/seeded_sampling.py).
+    offset, when a partial prefill's sample is discarded (worker/seeded_sampling.py);
+  - async scheduling's input ids placed with numpy, not a loop per request
+    (worker/async_input_ids.py).
 """
 from __future__ import annotations
 
@@ -38,12 +40,13 @@ from vllm_npu.device import select_backend
 from vllm_npu.eplb.adaptor import moe_layers
 from vllm_npu.moe import expert_map
 from vllm_npu.ops.sim import cores
+from vllm_npu.worker.async_input_ids import VectorisedAsyncInputIds
 from vllm_npu.worker.seeded_sampling import CPUGeneratorRewind
 
 logger = logging.getLogger("vllm.npu")
 
 
-class NPUModelRunner(CPUGeneratorRewind, GPUModelRunner):
+class NPUModelRunner(CPUGeneratorRewind, VectorisedAsyncInputIds, GPUModelRunner):
     npu_eplb = None  # EplbUpdator when EPLB is on (vLLM's own EplbState stays off)
     simulated = select_backend().simulated
 
@@ -110,7 +113,7 @@ class NPUModelRunner(CPUGeneratorRewind, GPUModelRunner):
         # vLLM's one torch thread (ops/sim/cores.py)
         eager = self.simulated and \
             get_forward_context().cudagraph_runtime_mode != CUDAGraphMode.FULL
-        with cores.eager_compute_threads() if eager else contextlib.nullcontext():
+        with cores.device_compute_threads() if eager else contextlib.nullcontext():
             if world > 1:
                 return self._pcp_forward(world, input_ids, positions, inputs_embeds,
                                          **model_kwargs)

@@ -33,6 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves, tree_map
 
+from vllm_npu.ops.sim import cores
 from vllm_npu.ops.sim.checks import NPUOpError
 
 
@@ -46,6 +47,12 @@ def _copy_into(captured: Any, fresh: Any) -> None:
         if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
             _copy_one(old, new)
 
+
+# Matrix products: replayed on the simulated device's cores (cores.device_compute_threads),
+# the rest of a replay on vLLM's one torch thread (elementwise ops of a decode batch are
+# below torch's parallel grain). A device's matmul likewise runs on all its cube cores.
+_MATMULS = frozenset(f"aten::{name}" for name in (
+    "linear", "mm", "addmm", "bmm", "baddbmm", "matmul"))
 
 # Allocations recorded during capture: on a device they are graph-pool memory, not tasks;
 # the captured buffer is what the graph reads and writes at every replay.
@@ -169,8 +176,16 @@ class _Entry:
     task: bool = False  # a task group's call: device-tensor arguments held weakly
     out_fn: Callable[..., Any] | None = None  # writes `outputs` in place (_out_overload)
     into: Callable[..., bool] | None = None  # a graph op's `replay_into`
+    matmul: bool = False  # runs on the device's cores (_MATMULS)
 
     def run(self) -> None:
+        if self.matmul:
+            with cores.device_compute_threads():
+                self._run()
+        else:
+            self._run()
+
+    def _run(self) -> None:
         args, kwargs = self.args, self.kwargs
         if self.out_fn is not None:
             self.out_fn(*args, **kwargs, out=self.outputs)
@@ -237,7 +252,8 @@ class _Recorder(TorchDispatchMode):
             self.graph.static.append(out)  # kept alive with the graph, as its pool is
         else:
             in_place = _out_overload(func) if type(out) is torch.Tensor else None
-            self.graph.entries.append(_Entry(func, args, kwargs, out, out_fn=in_place))
+            self.graph.entries.append(_Entry(func, args, kwargs, out, out_fn=in_place,
+                                             matmul=func.name() in _MATMULS))
         return out
 
 

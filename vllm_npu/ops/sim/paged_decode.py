@@ -4,8 +4,8 @@ The simulated decode kernels (ATB `_npu_paged_attention`, `npu_fused_infer_atten
 over a paged cache, MLA decode) run `csrc/sim_kernels.c` through ctypes: it walks each
 request's block table and reads K/V rows where they lie, as the device kernels do,
 vectorised (AVX-512 / AVX2 clones picked by the CPU) and split by request over the
-simulated device's cores (`cores.device_cores`). `paged_decode` takes one query token per
-request; `paged_rows` any rows with their own key ranges (prefill tokens under causal /
+simulated device's cores (`cores.device_cores`, torch's OpenMP team). `paged_decode` takes
+one query token per request; `paged_rows` any rows with their own key ranges (prefill tokens under causal /
 band limits), runs of one request's rows computed as flash-style tiles
 (`csrc/sim_prefill.c`).
 
@@ -59,11 +59,13 @@ _NO_TEAM = -3
 
 
 def _run(args: _Args) -> int:
-    """Inside an eager forward torch computes with the device's cores (`cores`) and its
-    OpenMP workers spin between ops: the kernel then runs on that team
-    (`npu_sim_paged_decode_team`) rather than a pool of its own competing with them."""
+    """The kernel runs on torch's OpenMP team (`npu_sim_paged_decode_team`, the device's
+    cores): its workers are awake between a forward's ops (eager ops and a replay's
+    matmuls run on them, `cores`), where a pool of the kernel's own would be woken from
+    sleep and then share a core with a spinning worker. The pool is for a torch without
+    GNU OpenMP."""
     threads = cores.device_cores()
-    if threads > 1 and torch.get_num_threads() >= threads:
+    if threads > 1:
         status = _entry("npu_sim_paged_decode_team")(ctypes.byref(args), threads)
         if status != _NO_TEAM:
             return status
