@@ -11,8 +11,9 @@
  * (one_request); runs of prefill rows of one request as tiles (sim_prefill.c).
  *
  * Called through ctypes (vllm_npu/ops/sim/paged_decode.py); plain C11, no Python API. Work is
- * split by request (tile) over a small pool of threads that sleep on a condition variable
- * between calls (no spinning: the host thread of the engine shares these cores).
+ * split by request (tile) over torch's OpenMP team (npu_sim_paged_decode_team) or, without
+ * GNU OpenMP, a small pool of threads that sleep on a condition variable between calls
+ * (no spinning: the host thread of the engine shares these cores).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -354,12 +355,13 @@ static int open_call(const pd_args *a, int *threads) {
 }
 
 /* ---- torch's OpenMP team ------------------------------------------------------------
- * In eager forwards torch computes with the device's cores through its OpenMP runtime,
- * whose idle workers spin for a while after every parallel op: a helper of our own pool
- * then shares a core with a spinning worker (an attention call measured 19 -> 23 ms right
- * after a matmul). There the call runs on torch's team instead: the runtime torch loaded
- * (found by soname, never loaded here), entered through libgomp's `GOMP_parallel`, the
- * entry GCC compiles `#pragma omp parallel` to. Without it (another runtime), our pool. */
+ * Eager forwards and a replay's matmuls compute with the device's cores through torch's
+ * OpenMP runtime, whose idle workers spin for a while after every parallel op: a helper of
+ * our own pool would share a core with a spinning worker (an attention call measured
+ * 19 -> 23 ms right after a matmul). Calls run on torch's team instead: the runtime torch
+ * loaded (found by soname, never loaded here), entered through libgomp's `GOMP_parallel`,
+ * the entry GCC compiles `#pragma omp parallel` to. Without it (another runtime), our
+ * pool. */
 
 typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
 static gomp_parallel_fn gomp_parallel;
