@@ -10,6 +10,8 @@
  * (sim_decode.c), the others (bf16, rope, head dims not in vectors of 16) in two here
  * (one_request); runs of prefill rows of one request as tiles (sim_prefill.c).
  *
+ * Also a graph replay's linear, rows split over the same team (npu_sim_linear, at the end).
+ *
  * Called through ctypes (vllm_npu/ops/sim/paged_decode.py); plain C11, no Python API. Work is
  * split by request (tile) over torch's OpenMP team (npu_sim_paged_decode_team) or, without
  * GNU OpenMP, a small pool of threads that sleep on a condition variable between calls
@@ -422,4 +424,73 @@ EXPORT int npu_sim_paged_decode(const pd_args *a, int threads) {
     pthread_mutex_unlock(&pool.mu);
     pthread_mutex_unlock(&one_call);
     return failed;
+}
+
+/* ---- linear on torch's OpenMP team ------------------------------------------------------
+ * out[M, N] = x[M, K] . w[N, K]^T (+ b[N]): a graph replay's linears, whose 128-row products
+ * MKL's own threading splits poorly. Rows are split into one part per thread, each
+ * computed by the `sgemm_` torch calls for a float32 linear (MKL, inside the libtorch_cpu
+ * torch loaded; found by soname, never loaded here) on one MKL thread, the bias first
+ * copied into the output rows and added by the product (beta = 1), as torch's addmm does. */
+
+typedef void (*sgemm_fn)(const char *, const char *, const int *, const int *, const int *,
+                         const float *, const float *, const int *, const float *,
+                         const int *, const float *, float *, const int *);
+static sgemm_fn sgemm;
+static int (*mkl_threads_local)(int);
+static pthread_once_t sgemm_once = PTHREAD_ONCE_INIT;
+
+static void find_sgemm(void) {
+    void *lib = dlopen("libtorch_cpu.so", RTLD_LAZY | RTLD_NOLOAD);
+    if (!lib) return;
+    mkl_threads_local = (int (*)(int))dlsym(lib, "MKL_Set_Num_Threads_Local");
+    if (mkl_threads_local) sgemm = (sgemm_fn)dlsym(lib, "sgemm_");
+}
+
+#define LINEAR_MIN_ROWS 16
+
+typedef struct {
+    const float *x, *w, *b;
+    float *out;
+    int M, N, K, parts;
+    int next;  /* next part to claim (atomically) */
+} lin_args;
+
+static void linear_rows(const lin_args *l, int part) {
+    const int r0 = (int)((int64_t)l->M * part / l->parts);
+    const int rows = (int)((int64_t)l->M * (part + 1) / l->parts) - r0;
+    if (rows <= 0) return;
+    float *out = l->out + (int64_t)r0 * l->N;
+    const float one = 1.0f, beta = l->b ? 1.0f : 0.0f;
+    if (l->b)
+        for (int r = 0; r < rows; r++)
+            memcpy(out + (int64_t)r * l->N, l->b, sizeof(float) * (size_t)l->N);
+    /* column-major: out^T[N, rows] = (w as K x N)^T . (x rows as K x rows) */
+    sgemm("T", "N", &l->N, &rows, &l->K, &one, l->w, &l->K, l->x + (int64_t)r0 * l->K, &l->K,
+          &beta, out, &l->N);
+}
+
+static void linear_member(void *arg) {
+    lin_args *l = arg;
+    const int before = mkl_threads_local(1);
+    for (int part; (part = __atomic_fetch_add(&l->next, 1, __ATOMIC_RELAXED)) < l->parts;)
+        linear_rows(l, part);
+    mkl_threads_local(before);
+}
+
+/* 0, or -3 when torch's GNU OpenMP runtime or MKL's sgemm_ is not there (the caller then
+ * runs torch's linear). x, w, out contiguous float32; b NULL or N floats. */
+EXPORT int npu_sim_linear(const float *x, const float *w, const float *b, float *out,
+                          int64_t M, int64_t N, int64_t K, int threads) {
+    pthread_once(&gomp_once, find_gomp);
+    pthread_once(&sgemm_once, find_sgemm);
+    if (!gomp_parallel || !sgemm || M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
+        return -3;
+    /* parts of at least LINEAR_MIN_ROWS rows: MKL takes other paths for a few rows */
+    const int64_t most = M / LINEAR_MIN_ROWS;
+    lin_args l = {x, w, b, out, (int)M, (int)N, (int)K, threads, 0};
+    if (l.parts > most) l.parts = (int)most;
+    if (l.parts < 1) l.parts = 1;
+    gomp_parallel(linear_member, &l, (unsigned)l.parts, 0);
+    return 0;
 }

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from vllm_npu.ops.sim import graph as g
+from vllm_npu.ops.sim import linear as sim_linear
 from vllm_npu.ops.sim.checks import NPUOpError
 
 
@@ -66,7 +67,7 @@ def test_replayed_aten_ops_write_their_captured_outputs_in_place(monkeypatch):
     with torch.inference_mode():
         graph, y = _capture(forward)
         kinds = {e.fn.name(): e.out_fn for e in graph.entries}
-        assert kinds == {"aten::linear": torch.ops.aten.linear.out,
+        assert kinds == {"aten::linear": sim_linear.replay_linear_into,
                          "aten::contiguous": None, "aten::add.Tensor": torch.ops.aten.add.out,
                          "aten::relu": torch.ops.aten.relu.out}
         copies = []
@@ -82,9 +83,11 @@ def test_replayed_aten_ops_write_their_captured_outputs_in_place(monkeypatch):
 
 
 def test_replayed_matmuls_run_on_the_device_cores_and_the_rest_on_one_thread(monkeypatch):
-    """A replay runs its matrix products (linear, mm, bmm, ...) with torch's threads = the
+    """A replay runs its matrix products (mm, bmm, ...) with torch's threads = the
     simulated device's cores and every other op on the host's single thread (vLLM's
-    serving setting), which it gets back after each matmul; results equal eager."""
+    serving setting), which it gets back after each matmul; results equal eager. A
+    linear splits its rows over the cores itself (`replay_linear_into`): its entry keeps
+    one torch thread, and its result is the one-thread linear's."""
     from vllm_npu.ops.sim import cores
 
     x, w, b = torch.randn(64, 32), torch.randn(48, 32), torch.randn(48)
@@ -104,16 +107,20 @@ def test_replayed_matmuls_run_on_the_device_cores_and_the_rest_on_one_thread(mon
     try:
         with torch.inference_mode():
             graph, (y, z) = _capture(forward)
-            assert [e.matmul for e in graph.entries] == [True, False, True, False, True]
+            assert [e.matmul for e in graph.entries] == [False, False, True, False, True]
+            assert graph.entries[0].out_fn is sim_linear.replay_linear_into
             x.copy_(torch.randn(64, 32))
             graph.replay()
             assert torch.get_num_threads() == 1
+            torch.testing.assert_close(graph.entries[0].outputs,
+                                       torch.nn.functional.linear(x, w, b), rtol=1e-6,
+                                       atol=1e-5)
             want_y, want_z = forward()
         torch.testing.assert_close(y, want_y, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(z, want_z, rtol=1e-6, atol=1e-6)
     finally:
         torch.set_num_threads(before)
-    assert seen == [("aten::linear", 3), ("aten::relu", 1), ("aten::bmm", 3),
+    assert seen == [("aten::linear", 1), ("aten::relu", 1), ("aten::bmm", 3),
                     ("aten::mul.Tensor", 1), ("aten::matmul", 3)]
 
 

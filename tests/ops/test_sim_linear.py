@@ -43,3 +43,50 @@ def test_without_onednn_everything_is_f_linear(monkeypatch):
     monkeypatch.setattr(sim_linear, "_onednn", lambda: False)
     x, w = _randn(4096, 64, seed=8), _randn(48, 64, seed=9)
     assert torch.equal(sim_linear.linear(x, w), F.linear(x, w))
+
+
+@pytest.mark.parametrize("rows,out_dim,in_dim", [(128, 256, 128), (7, 408, 128), (1, 5, 3),
+                                                 (129, 96, 40)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_replayed_linear_splits_rows_bitwise_as_one_thread(rows, out_dim, in_dim, with_bias,
+                                                            monkeypatch):
+    """A replay's linear: rows split over 1, 2 and 3 cores (MKL's sgemm per part of at
+    least 16 rows, on torch's OpenMP team) write the captured output equal to F.linear on
+    one thread (bitwise on this project's host), torch left at its one thread."""
+    from vllm_npu.ops.sim import native
+
+    if native.library() is None:
+        pytest.skip("no native kernels library (install without a C compiler)")
+    x, w = _randn(rows, in_dim, seed=8), _randn(out_dim, in_dim, seed=9)
+    b = _randn(out_dim, seed=10) if with_bias else None
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want = F.linear(x, w, b)
+        for cores in (1, 2, 3):
+            out = torch.full((rows, out_dim), float("nan"))
+            assert native.linear(x, w, b, out, cores)
+            torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-5)
+            monkeypatch.setattr(sim_linear.cores, "device_cores", lambda n=cores: n)
+            out.fill_(float("nan"))
+            assert sim_linear.replay_linear_into(x, w, b, out=out) is out
+            torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-5)
+            assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_replayed_linear_outside_the_kernel_is_aten_linear(monkeypatch):
+    """What the native split does not take (bf16, a non-contiguous input) is aten's
+    linear.out, written into the output all the same; nothing is written on a refusal."""
+    from vllm_npu.ops.sim import native
+
+    monkeypatch.setattr(sim_linear.cores, "device_cores", lambda: 2)
+    w = _randn(24, 16, seed=11)
+    for x, weight in ((_randn(16, 9, seed=12).t(), w),
+                      (_randn(9, 16, seed=13).bfloat16(), w.bfloat16())):
+        out = torch.zeros(9, 24, dtype=x.dtype)
+        assert not native.linear(x, weight, None, out, 2)
+        assert torch.equal(out, torch.zeros_like(out))
+        assert sim_linear.replay_linear_into(x, weight, out=out) is out
+        torch.testing.assert_close(out, F.linear(x, weight))

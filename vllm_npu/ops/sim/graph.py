@@ -33,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves, tree_map
 
-from vllm_npu.ops.sim import cores
+from vllm_npu.ops.sim import cores, linear
 from vllm_npu.ops.sim.checks import NPUOpError
 
 
@@ -48,11 +48,11 @@ def _copy_into(captured: Any, fresh: Any) -> None:
             _copy_one(old, new)
 
 
-# Matrix products: replayed on the simulated device's cores (cores.device_compute_threads),
-# the rest of a replay on vLLM's one torch thread (elementwise ops of a decode batch are
-# below torch's parallel grain). A device's matmul likewise runs on all its cube cores.
-_MATMULS = frozenset(f"aten::{name}" for name in (
-    "linear", "mm", "addmm", "bmm", "baddbmm", "matmul"))
+# Matrix products: replayed on the simulated device's cores (cores.device_compute_threads;
+# `linear` splits its rows over them itself, ops/sim/linear.py), the rest of a replay on
+# vLLM's one torch thread (elementwise ops of a decode batch are below torch's parallel
+# grain). A device's matmul likewise runs on all its cube cores.
+_MATMULS = frozenset(f"aten::{name}" for name in ("mm", "addmm", "bmm", "baddbmm", "matmul"))
 
 # Allocations recorded during capture: on a device they are graph-pool memory, not tasks;
 # the captured buffer is what the graph reads and writes at every replay.
@@ -252,6 +252,11 @@ class _Recorder(TorchDispatchMode):
             self.graph.static.append(out)  # kept alive with the graph, as its pool is
         else:
             in_place = _out_overload(func) if type(out) is torch.Tensor else None
+            if in_place is not None and func is torch.ops.aten.linear.default:
+                # rows over the device's cores, threads its own
+                self.graph.entries.append(_Entry(func, args, kwargs, out,
+                                                 out_fn=linear.replay_linear_into))
+                return out
             self.graph.entries.append(_Entry(func, args, kwargs, out, out_fn=in_place,
                                              matmul=func.name() in _MATMULS))
         return out

@@ -8,6 +8,10 @@ inputs (docs/performance.md, "Prefill in place"), same float32 inputs and accumu
 equal to `F.linear` within float32 rounding (bitwise at 128-wide inputs in that
 measurement). Decode-sized inputs keep `F.linear` (oneDNN's per-call cost loses there),
 as does any other dtype or a torch built without oneDNN.
+
+In a graph replay (decode) a linear's rows are split over the device's cores, one MKL
+`sgemm_` per core on torch's OpenMP team (`native.linear`): bitwise the one-thread
+`F.linear`, where MKL's own two-thread split of a 128-row product gained little.
 """
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ import functools
 
 import torch
 import torch.nn.functional as F
+
+from vllm_npu.ops.sim import cores, native
 
 # rows (tokens) from which oneDNN wins; decode batches (<= 512 rows) stay on F.linear
 ONEDNN_MIN_ROWS = 1024
@@ -34,3 +40,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
             and (bias is None or bias.dtype == torch.float32):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
+
+
+def replay_linear_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                       *, out: torch.Tensor) -> torch.Tensor:
+    """A replayed aten `linear` written into its captured output `out`: rows split over
+    the device's cores (`native.linear`), else aten's `linear.out` on them."""
+    threads = cores.device_cores()
+    if threads > 1 and native.linear(x, weight, bias, out, threads):
+        return out
+    with cores.device_compute_threads():
+        return torch.ops.aten.linear.out(x, weight, bias, out=out)

@@ -1,6 +1,7 @@
 """The simulated NPU's native kernels library (`csrc/sim_kernels.c`, `csrc/sim_rows.c`),
 loaded with ctypes, and its row kernels: RMSNorm with the residual add, rotary multiply,
-SwiGLU and the KV cache scatter.
+SwiGLU and the KV cache scatter; and a replay's linears split by rows over torch's OpenMP
+team.
 
 Each wrapper takes what the PyTorch op in norm.py / rotary.py / activation.py / cache.py
 has already checked (the device's rules are enforced there, before any call here) and
@@ -36,6 +37,8 @@ def library() -> ctypes.CDLL | None:
     lib.npu_sim_swiglu.restype = None
     lib.npu_sim_scatter_rows.argtypes = [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64]
     lib.npu_sim_scatter_rows.restype = _i64
+    lib.npu_sim_linear.argtypes = [_ptr] * 4 + [_i64, _i64, _i64, ctypes.c_int]
+    lib.npu_sim_linear.restype = ctypes.c_int
     return lib
 
 
@@ -123,3 +126,20 @@ def scatter_rows(src: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor) ->
     return lib.npu_sim_scatter_rows(src.data_ptr(), src.stride(0) * src.element_size(),
                                     slots.data_ptr(), src.shape[0], cache.data_ptr(),
                                     row * src.element_size(), capacity)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+           out: torch.Tensor, threads: int) -> bool:
+    """out = x . weight^T (+ bias) on `threads` of torch's OpenMP team, rows split between
+    them (`npu_sim_linear`); False where it does not cover the case (no library, GNU
+    OpenMP or MKL; not 2-D float32 contiguous), written nothing then."""
+    lib = library()
+    tensors = (x, weight, out) if bias is None else (x, weight, bias, out)
+    if lib is None or not _f32_contiguous(*tensors) or x.dim() != 2 or weight.dim() != 2 \
+            or out.shape != (x.shape[0], weight.shape[0]) or x.shape[1] != weight.shape[1] \
+            or (bias is not None and bias.shape != (weight.shape[0],)) or not x.numel() \
+            or not out.numel():
+        return False
+    return lib.npu_sim_linear(x.data_ptr(), weight.data_ptr(),
+                              None if bias is None else bias.data_ptr(), out.data_ptr(),
+                              x.shape[0], weight.shape[0], x.shape[1], threads) == 0

@@ -5,9 +5,9 @@ over a paged cache, MLA decode) run `csrc/sim_kernels.c` through ctypes: it walk
 request's block table and reads K/V rows where they lie, as the device kernels do,
 vectorised (AVX-512 / AVX2 clones picked by the CPU) and split by request over the
 simulated device's cores (`cores.device_cores`, torch's OpenMP team). `paged_decode` takes
-one query token per request; `paged_rows` any rows with their own key ranges (prefill tokens under causal /
-band limits), runs of one request's rows computed as flash-style tiles
-(`csrc/sim_prefill.c`).
+one query token per request; `paged_rows` any rows with their own key ranges (prefill
+tokens under causal / band limits), runs of one request's rows computed as flash-style
+tiles (`csrc/sim_prefill.c`).
 
 Arithmetic in float32 (bf16 caches widened on load), softmax with the row maximum
 subtracted; results within ~1e-6 of the dense float32 reference. float16 caches, and an
