@@ -12,7 +12,8 @@ A graph replay (decode) runs its matmuls on them and its other ops on vLLM's sin
 thread (elementwise ops of a decode batch are below torch's parallel grain; with every op
 at two threads whole runs were slower). The OpenMP workers then spin between the replay's
 matmuls, and the attention kernel runs on that awake team: 128 x (128 + 128) and 64 x
-(512 + 128) 8-15% faster than matmuls on one thread and the kernel on a pool of its own.
+(512 + 128) 4-5% faster (in one process) than matmuls on one thread and the kernel on a
+pool of its own (docs/performance.md).
 """
 from __future__ import annotations
 
