@@ -370,12 +370,17 @@ static gomp_parallel_fn gomp_parallel;
 static int (*gomp_thread_num)(void);
 static pthread_once_t gomp_once = PTHREAD_ONCE_INIT;
 
+/* `name` in the library `soname` if the process has loaded it (never loaded here), else
+ * NULL. */
+static void *loaded_symbol(const char *soname, const char *name) {
+    void *lib = dlopen(soname, RTLD_LAZY | RTLD_NOLOAD);
+    return lib ? dlsym(lib, name) : NULL;
+}
+
 static void find_gomp(void) {
-    void *lib = dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    if (!lib) return;
-    gomp_parallel = (gomp_parallel_fn)dlsym(lib, "GOMP_parallel");
-    gomp_thread_num = (int (*)(void))dlsym(lib, "omp_get_thread_num");
-    if (!gomp_thread_num) gomp_parallel = NULL;
+    gomp_thread_num = (int (*)(void))loaded_symbol("libgomp.so.1", "omp_get_thread_num");
+    if (gomp_thread_num)
+        gomp_parallel = (gomp_parallel_fn)loaded_symbol("libgomp.so.1", "GOMP_parallel");
 }
 
 static void team_member(void *arg) { drain(arg, &scratches[gomp_thread_num()]); }
@@ -441,10 +446,9 @@ static int (*mkl_threads_local)(int);
 static pthread_once_t sgemm_once = PTHREAD_ONCE_INIT;
 
 static void find_sgemm(void) {
-    void *lib = dlopen("libtorch_cpu.so", RTLD_LAZY | RTLD_NOLOAD);
-    if (!lib) return;
-    mkl_threads_local = (int (*)(int))dlsym(lib, "MKL_Set_Num_Threads_Local");
-    if (mkl_threads_local) sgemm = (sgemm_fn)dlsym(lib, "sgemm_");
+    mkl_threads_local = (int (*)(int))loaded_symbol("libtorch_cpu.so",
+                                                    "MKL_Set_Num_Threads_Local");
+    if (mkl_threads_local) sgemm = (sgemm_fn)loaded_symbol("libtorch_cpu.so", "sgemm_");
 }
 
 #define LINEAR_MIN_ROWS 16
@@ -458,8 +462,7 @@ typedef struct {
 
 static void linear_rows(const lin_args *l, int part) {
     const int r0 = (int)((int64_t)l->M * part / l->parts);
-    const int rows = (int)((int64_t)l->M * (part + 1) / l->parts) - r0;
-    if (rows <= 0) return;
+    const int rows = (int)((int64_t)l->M * (part + 1) / l->parts) - r0;  /* >= 16 */
     float *out = l->out + (int64_t)r0 * l->N;
     const float one = 1.0f, beta = l->b ? 1.0f : 0.0f;
     if (l->b)

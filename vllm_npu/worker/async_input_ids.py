@@ -31,7 +31,7 @@ class VectorisedAsyncInputIds:
         common = prev_positions >= 0
         prev_indices = prev_positions[common]
         # the flattened input position of each common request's (only) new token
-        flattened = np.asarray(cu_num_tokens[:num_reqs])[common].astype(np.int64) - 1
+        flattened = cu_num_tokens[:num_reqs][common].astype(np.int64) - 1
         num_common = len(flattened)
         if num_common < total_num_scheduled_tokens:
             self.input_ids.copy_to_gpu(total_num_scheduled_tokens)
@@ -43,6 +43,5 @@ class VectorisedAsyncInputIds:
                 batch.prev_sampled_token_ids[:num_common, 0], non_blocking=True)
             return
         index = torch.from_numpy(flattened).to(self.device, non_blocking=True)
-        prev = torch.from_numpy(prev_indices.astype(np.int64)).to(self.device,
-                                                                   non_blocking=True)
+        prev = torch.from_numpy(prev_indices).to(self.device, non_blocking=True)  # int64
         self.input_ids.gpu.scatter_(0, index, batch.prev_sampled_token_ids[prev, 0])

@@ -109,8 +109,8 @@ class NPUModelRunner(CPUGeneratorRewind, VectorisedAsyncInputIds, GPUModelRunner
                        positions: torch.Tensor | None = None, intermediate_tensors=None,
                        inputs_embeds: torch.Tensor | None = None, **model_kwargs: Any) -> Any:
         world = self.parallel_config.prefill_context_parallel_size
-        # eager forwards (prefill) compute on the simulated device's cores; replays keep
-        # vLLM's one torch thread (ops/sim/cores.py)
+        # eager forwards (prefill) compute on the simulated device's cores; a replay keeps
+        # vLLM's one torch thread outside its matmuls (ops/sim/cores.py, graph.py)
         eager = self.simulated and \
             get_forward_context().cudagraph_runtime_mode != CUDAGraphMode.FULL
         with cores.device_compute_threads() if eager else contextlib.nullcontext():

@@ -53,6 +53,9 @@ def _copy_into(captured: Any, fresh: Any) -> None:
 # vLLM's one torch thread (elementwise ops of a decode batch are below torch's parallel
 # grain). A device's matmul likewise runs on all its cube cores.
 _MATMULS = frozenset(f"aten::{name}" for name in ("mm", "addmm", "bmm", "baddbmm", "matmul"))
+# aten ops the simulator replays with a function of its own (same arguments, `out=`), which
+# uses the device's cores itself
+_OWN_REPLAY = {torch.ops.aten.linear.default: linear.replay_linear_into}
 
 # Allocations recorded during capture: on a device they are graph-pool memory, not tasks;
 # the captured buffer is what the graph reads and writes at every replay.
@@ -252,13 +255,9 @@ class _Recorder(TorchDispatchMode):
             self.graph.static.append(out)  # kept alive with the graph, as its pool is
         else:
             in_place = _out_overload(func) if type(out) is torch.Tensor else None
-            if in_place is not None and func is torch.ops.aten.linear.default:
-                # rows over the device's cores, threads its own
-                self.graph.entries.append(_Entry(func, args, kwargs, out,
-                                                 out_fn=linear.replay_linear_into))
-                return out
-            self.graph.entries.append(_Entry(func, args, kwargs, out, out_fn=in_place,
-                                             matmul=func.name() in _MATMULS))
+            own = _OWN_REPLAY.get(func) if in_place is not None else None
+            self.graph.entries.append(_Entry(func, args, kwargs, out, out_fn=own or in_place,
+                                             matmul=own is None and func.name() in _MATMULS))
         return out
 
 
