@@ -7,7 +7,9 @@ Both sides run the same locally built tiny Qwen2-style model (float32, greedy,
 ignore_eos), in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), 1 GiB of KV cache, in fresh
 processes started alternately (ours, peer, ours, peer, ...); each process warms up on the
 whole workload once, then times it once. Prints a table per round and the median ratio
-(ours / peer) per workload, and whether both produced the same tokens.
+(ours / peer) per workload, and whether both produced the same tokens; then where a decode
+step's time goes on each side (`PARTS`: vLLM's own methods, timed the same way on both
+sides during the timed run, ~1 us per timed call).
 
 Report seeds: model 1234, prompts 2026 (the simulator's defaults were tuned on model seed
 0 / prompt seed 1 with tools/profile_steps.py, never on these).
@@ -30,6 +32,52 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL_SEED, PROMPT_SEED = 1234, 2026
 
 
+# (label, object, method) timed per call in the worker; medians over the run are decode
+# steps' (a run has ~130 steps, 2-8 of them prefill chunks).
+PARTS = (
+    ("engine step (LLMEngine.step)", "engine", "step"),
+    ("· schedule", "scheduler", "schedule"),
+    ("· execute_model", "runner", "execute_model"),
+    ("· · input preparation", "runner", "_prepare_inputs"),
+    ("· · model forward", "runner", "_model_forward"),
+    ("· sample_tokens", "runner", "sample_tokens"),
+    ("· update_from_output", "scheduler", "update_from_output"),
+    ("· process_outputs (detokenize, outputs)", "outputs", "process_outputs"),
+)
+
+
+def _time_parts(llm, times: dict[str, list[float]], prefill: list[float]) -> None:
+    """Wrap PARTS' methods on this engine's objects; a forward of a step with prompt
+    tokens (more scheduled tokens than requests) goes to `prefill` instead."""
+    import time
+
+    core = llm.llm_engine.engine_core.engine_core
+    objects = {"engine": llm.llm_engine, "scheduler": core.scheduler,
+               "outputs": llm.llm_engine.output_processor,
+               "runner": core.model_executor.driver_worker.worker.model_runner}
+    step = {"prefill": False}
+
+    def timed(label, fn):
+        def call(*a, **k):
+            if fn.__name__ == "execute_model":
+                out = a[0] if a else k["scheduler_output"]
+                step["prefill"] = out.total_num_scheduled_tokens > len(out.num_scheduled_tokens)
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                ms = (time.perf_counter() - t0) * 1e3
+                if fn.__name__ == "_model_forward" and step["prefill"]:
+                    prefill.append(ms)
+                else:
+                    times.setdefault(label, []).append(ms)
+        return call
+
+    for label, owner, name in PARTS:
+        obj = objects[owner]
+        setattr(obj, name, timed(label, getattr(obj, name)))
+
+
 def worker(args: argparse.Namespace) -> None:
     """One timed run in this interpreter's vLLM (the plugin's simulated NPU, or the peer)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -47,12 +95,19 @@ def worker(args: argparse.Namespace) -> None:
     params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)  # warm-up: every batch shape once
     llm.reset_prefix_cache()
+    times: dict[str, list[float]] = {}
+    prefill: list[float] = []
+    _time_parts(llm, times, prefill)
     t0 = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - t0
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    Path(args.result).write_text(json.dumps({"tok_s": n * out_len / seconds,
-                                             "seconds": seconds, "tokens": tokens}))
+    parts = {label: statistics.median(v) for label, v in times.items()}
+    parts["prefill forwards (total)"] = sum(prefill)
+    Path(args.result).write_text(json.dumps({
+        "tok_s": n * out_len / seconds, "seconds": seconds, "tokens": tokens,
+        "parts": parts, "prefill_chunks": len(prefill),
+        "async": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling)}))
 
 
 def run_one(python: Path | str, model: str, shape: tuple[int, int, int], tmp: str) -> dict:
@@ -75,6 +130,26 @@ def parse_workload(text: str) -> tuple[int, int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"workload {text!r}: expected PROMPTSxPROMPT_LEN+OUTPUT_LEN, e.g. 128x128+128")
+
+
+def print_breakdown(names: list[str], per_side: list[list[dict]]) -> None:
+    """Median per decode step of each timed part (medians over the rounds), per side."""
+    labels = [label for label, _, _ in PARTS] + ["prefill forwards (total)"]
+    print("\nwhere a decode step goes, ms (median over steps, then over rounds)\n")
+    extra = " ours - peer |" if len(names) == 2 else ""
+    print("| part | " + " | ".join(names) + " |" + extra)
+    print("| --- | " + " | ".join("---:" for _ in names) + " |" + (" ---: |" if extra else ""))
+    for label in labels:
+        values = [statistics.median(run["parts"].get(label, 0.0) for run in runs)
+                  for runs in per_side]
+        row = f"| {label} | " + " | ".join(f"{v:.2f}" for v in values) + " |"
+        if extra:
+            row += f" {values[0] - values[1]:+.2f} |"
+        print(row)
+    chunks = [str(runs[0]["prefill_chunks"]) for runs in per_side]
+    modes = ["on" if runs[0]["async"] else "off" for runs in per_side]
+    print("| prefill chunks | " + " | ".join(chunks) + " |" + (" |" if extra else ""))
+    print("| async scheduling | " + " | ".join(modes) + " |" + (" |" if extra else ""))
 
 
 def main() -> None:
@@ -112,8 +187,11 @@ def main() -> None:
             print("| ---: | " + " | ".join("---:" for _ in sides) + " |"
                   + (" ---: | --- |" if args.peer else ""))
             ratios = []
+            per_side: list[list[dict]] = [[] for _ in sides]
             for r in range(args.rounds):
                 runs = [run_one(python, model, shape, tmp) for python in sides.values()]
+                for side, run in zip(per_side, runs):
+                    side.append(run)
                 row = f"| {r + 1} | " + " | ".join(f"{x['tok_s']:,.0f}" for x in runs) + " |"
                 if args.peer:
                     ours, theirs = runs
@@ -123,6 +201,7 @@ def main() -> None:
                 print(row, flush=True)
             if ratios:
                 summary.append((f"{n}x{p}+{o}", statistics.median(ratios)))
+            print_breakdown(list(sides), per_side)
         if summary:
             print("\nmedian ratio (vllm_npu simulated NPU / vLLM CPU backend)\n")
             print("| workload | median ratio |")

@@ -30,6 +30,24 @@ RUNS = {
 }
 
 
+def _breakdown_nests(stdout: str) -> None:
+    """throughput_vs_cpu_backend.py's decode-step table: each part inside its parent."""
+    wanted = {"engine step (LLMEngine.step)", "execute_model", "model forward",
+              "input preparation", "schedule", "sample_tokens"}
+    ms = {}
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[0].lstrip("· ") in wanted:
+            ms[cells[0].lstrip("· ")] = float(cells[1])
+    step = ms["engine step (LLMEngine.step)"]
+    assert 0 < ms["model forward"] <= ms["execute_model"] <= step, ms
+    assert 0 < ms["input preparation"] <= ms["execute_model"], ms
+    assert 0 < ms["schedule"] < step and 0 < ms["sample_tokens"] < step, ms
+
+
+CHECKS = {"throughput_vs_cpu_backend.py": _breakdown_nests}
+
+
 def test_every_benchmark_script_is_covered():
     helpers = {"timing.py", "peer.py", "eplb_policies.py"}
     scripts = {p.name for p in BENCH.glob("*.py")} - helpers
@@ -43,3 +61,5 @@ def test_benchmark_runs_to_the_end(script, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
     assert len(rows) >= 3, out.stdout[-2000:]  # header, rule, at least one result row
+    if script in CHECKS:
+        CHECKS[script](out.stdout)
