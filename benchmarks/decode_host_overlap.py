@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 
+from timing import timed  # benchmarks/ is the script's path entry
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
 
@@ -72,31 +74,16 @@ class _Timers:
 
         core.step_fn = step
         forward = NPUModelRunner._model_forward
-        timers = self
-
-        def timed_forward(runner, *args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return forward(runner, *args, **kwargs)
-            finally:
-                timers.forward_s += time.perf_counter() - t0
-
-        NPUModelRunner._model_forward = timed_forward
+        NPUModelRunner._model_forward = timed(forward, self._add_forward)
         self._restore = lambda: setattr(NPUModelRunner, "_model_forward", forward)
         drafter = getattr(llm.llm_engine.model_executor.driver_worker.worker.model_runner,
                           "drafter", None)
         draft_model = getattr(drafter, "model", None)
         if draft_model is not None:
-            draft_forward = draft_model.forward
+            draft_model.forward = timed(draft_model.forward, self._add_forward)
 
-            def timed_draft(*args, **kwargs):
-                t0 = time.perf_counter()
-                try:
-                    return draft_forward(*args, **kwargs)
-                finally:
-                    timers.forward_s += time.perf_counter() - t0
-
-            draft_model.forward = timed_draft
+    def _add_forward(self, seconds: float) -> None:
+        self.forward_s += seconds
 
     def close(self) -> None:
         self._restore()

@@ -47,35 +47,33 @@ PARTS = (
 
 
 def _time_parts(llm, times: dict[str, list[float]], prefill: list[float]) -> None:
-    """Wrap PARTS' methods on this engine's objects; a forward of a step with prompt
-    tokens (more scheduled tokens than requests) goes to `prefill` instead."""
-    import time
+    """Wrap PARTS' methods on this engine's objects (ms per call into `times`); a forward of
+    a step with prompt tokens (more scheduled tokens than requests) goes to `prefill`."""
+    from timing import timed  # benchmarks/ is the script's path entry (the peer's too)
 
     core = llm.llm_engine.engine_core.engine_core
+    runner = core.model_executor.driver_worker.worker.model_runner
     objects = {"engine": llm.llm_engine, "scheduler": core.scheduler,
-               "outputs": llm.llm_engine.output_processor,
-               "runner": core.model_executor.driver_worker.worker.model_runner}
+               "outputs": llm.llm_engine.output_processor, "runner": runner}
     step = {"prefill": False}
 
-    def timed(label, fn):
-        def call(*a, **k):
-            if fn.__name__ == "execute_model":
-                out = a[0] if a else k["scheduler_output"]
-                step["prefill"] = out.total_num_scheduled_tokens > len(out.num_scheduled_tokens)
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                ms = (time.perf_counter() - t0) * 1e3
-                if fn.__name__ == "_model_forward" and step["prefill"]:
-                    prefill.append(ms)
-                else:
-                    times.setdefault(label, []).append(ms)
-        return call
+    def record(label: str, name: str):
+        def add(seconds: float) -> None:
+            into = prefill if name == "_model_forward" and step["prefill"] else \
+                times.setdefault(label, [])
+            into.append(seconds * 1e3)
+        return add
 
     for label, owner, name in PARTS:
         obj = objects[owner]
-        setattr(obj, name, timed(label, getattr(obj, name)))
+        setattr(obj, name, timed(getattr(obj, name), record(label, name)))
+    execute = runner.execute_model
+
+    def execute_model(scheduler_output, *args, **kwargs):
+        step["prefill"] = (scheduler_output.total_num_scheduled_tokens
+                           > len(scheduler_output.num_scheduled_tokens))
+        return execute(scheduler_output, *args, **kwargs)
+    runner.execute_model = execute_model
 
 
 def worker(args: argparse.Namespace) -> None:
