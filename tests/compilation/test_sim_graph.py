@@ -450,3 +450,43 @@ def test_a_replay_refuses_a_task_whose_update_arguments_were_freed():
     with pytest.raises(NPUOpError, match=r"task scale_into points at a freed torch.float32 "
                                          r"tensor of shape \(3,\)"):
         graph.replay()
+
+
+def test_a_replay_follows_the_address_an_update_passed_not_the_tensor_object():
+    """A task keeps the memory an update passed: a tensor object later re-pointed (`set_`)
+    does not move it, a per-update view of live memory stays valid, and the memory freed
+    under a still-living tensor object is refused."""
+    x, out = torch.ones(3), torch.zeros(3)
+    graph, handle = _capture_task(lambda: scale_into(x, 2.0, out))
+
+    def update(source):
+        g.graph_task_update_begin(None, handle)
+        scale_into(source, 3.0, out)
+        g.graph_task_update_end(None)
+
+    base = torch.arange(6.0)
+    update(base[3:])  # the view dies here, its memory lives in `base`
+    graph.replay()
+    assert torch.equal(out, torch.tensor([9.0, 12.0, 15.0]))
+    source = torch.full((3,), 2.0)
+    alias = source.view(3)  # keeps the first memory alive
+    update(source)
+    source.set_(torch.full((3,), 4.0))  # the object now names other memory
+    graph.replay()
+    assert torch.equal(out, torch.full((3,), 6.0))  # the task's address: the first memory
+    del alias
+    with pytest.raises(NPUOpError, match="task scale_into points at a freed"):
+        graph.replay()
+
+
+def test_an_update_call_with_a_bad_argument_name_raises_the_binding_error():
+    x, out = torch.ones(3), torch.zeros(3)
+    _, handle = _capture_task(lambda: scale_into(x, 2.0, out))
+    g.graph_task_update_begin(None, handle)
+    try:
+        with pytest.raises(TypeError, match="bogus"):
+            scale_into(x, 2.0, out, bogus=1)
+        scale_into(x=x, factor=4.0, out=out)  # by keyword: the same task call
+    finally:
+        g.graph_task_update_end(None)
+    assert handle.updates == 1

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from vllm_npu.ops.sim import cores, linear
 from vllm_npu.ops.sim.checks import NPUOpError
@@ -85,14 +85,22 @@ class _DeviceRef:
     allocator reuses a freed block for the next allocation, so a task whose workspace or
     output was freed reads or writes someone else's memory at replay. vllm-ascend keeps
     every such buffer alive in its graph params (`graph_params.workspaces[num_tokens]`)."""
-    __slots__ = ("ref", "offset", "shape", "stride", "dtype")
+    __slots__ = ("ref", "tensor", "ptr", "offset", "shape", "stride", "dtype")
 
     def __init__(self, t: torch.Tensor) -> None:
         self.ref = weakref.ref(t.untyped_storage())
+        # The caller's tensor while it lives (its storage then lives too): a replay uses it
+        # as it is, where rebuilding a view on the storage costs ~3 us per argument.
+        self.tensor = weakref.ref(t)
+        self.ptr = t.data_ptr()
         self.offset, self.shape, self.stride = t.storage_offset(), tuple(t.shape), t.stride()
         self.dtype = t.dtype
 
     def get(self, op: str) -> torch.Tensor:
+        t = self.tensor()
+        if t is not None and t.data_ptr() == self.ptr and t.shape == self.shape \
+                and t.stride() == self.stride:
+            return t
         storage = self.ref()
         if storage is None:
             raise NPUOpError(f"graph replay: task {op} points at a freed {self.dtype} tensor "
@@ -104,54 +112,55 @@ class _DeviceRef:
 
 
 _SCALARS = (int, float, bool, str, type(None), torch.dtype)
-_LEAVES = (torch.Tensor, _DeviceRef, *_SCALARS)
 
 
-def _map(fn: Callable[[Any], Any], value: Any) -> Any:
-    """tree_map(fn, value), with the common leaves (a tensor, an address, a scalar) and
-    plain lists, tuples and dicts handled without pytree (task updates and task replays
-    run this over every argument, every step; pytree took ~20 us per call)."""
-    if isinstance(value, _LEAVES):
-        return fn(value)
+def _hold(value: Any, host: bool, task: bool, op: str, name: str) -> tuple[Any, Any]:
+    """One argument of a call as its graph entry keeps it, and the argument's layout.
+
+    Kept: a host argument (`host`) is copied, as a device task holds its own copy; with
+    `task`, a device tensor is held by address (_DeviceRef), otherwise as it is. Layout:
+    what a task's launch configuration depends on, tensor shapes and dtypes and the
+    lengths of host lists (not their values, which an update may change). A task refuses
+    a zero-element tensor. Plain lists, tuples and dicts are walked here, other containers
+    through pytree (a task update runs this over every argument, every step)."""
+    if isinstance(value, torch.Tensor):
+        if task and value.numel() == 0:
+            raise NPUOpError(
+                f"{op} in a graph task group with a zero-element {name} {tuple(value.shape)}: "
+                "the device launches no kernel for an empty input (the group would hold no "
+                "task, and every update would fail its task count); capture the task with "
+                "the batch's rows")
+        kept = value.clone() if host else _DeviceRef(value) if task else value
+        return kept, (tuple(value.shape), value.dtype)
     kind = type(value)
     if kind is list or kind is tuple:
-        return kind([_map(fn, v) for v in value])
+        pairs = [_hold(v, host, task, op, name) for v in value]
+        return kind([kept for kept, _ in pairs]), kind([layout for _, layout in pairs])
     if kind is dict:
-        return {k: _map(fn, v) for k, v in value.items()}
-    return tree_map(fn, value)
-
-
-def _leaves(value: Any) -> list:
-    """tree_leaves(value), with the same fast paths as `_map`."""
-    if isinstance(value, _LEAVES):
-        return [value]
-    kind = type(value)
-    if kind is list or kind is tuple:
-        return [leaf for v in value for leaf in _leaves(v)]
-    if kind is dict:
-        return [leaf for v in value.values() for leaf in _leaves(v)]
-    return tree_leaves(value)
-
-
-def _weaken(value: Any) -> Any:
-    """`value` with every tensor replaced by its address (_DeviceRef)."""
-    return _map(lambda v: _DeviceRef(v) if isinstance(v, torch.Tensor) else v, value)
+        pairs = {k: _hold(v, host, task, op, name) for k, v in value.items()}
+        return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
+    if isinstance(value, _SCALARS):
+        return value, None
+    leaves, spec = tree_flatten(value)
+    if len(leaves) == 1 and leaves[0] is value:  # an object pytree does not open
+        return value, None
+    pairs = [_hold(leaf, host, task, op, name) for leaf in leaves]
+    return (tree_unflatten([kept for kept, _ in pairs], spec),
+            tree_unflatten([layout for _, layout in pairs], spec))
 
 
 def _resolve(value: Any, op: str) -> Any:
-    return _map(lambda v: v.get(op) if isinstance(v, _DeviceRef) else v, value)
-
-
-def _layout(value: Any) -> Any:
-    """What a task's launch configuration depends on: tensor shapes and dtypes, the
-    lengths of host lists (not their values, which an update may change)."""
-    return _map(lambda v: (tuple(v.shape), v.dtype)
-                if isinstance(v, (torch.Tensor, _DeviceRef)) else None, value)
-
-
-def _snapshot(value: Any) -> Any:
-    """A host argument as a task holds it: its own copy."""
-    return _map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, value)
+    """A task's argument at replay: each address back to a tensor (refusing freed memory)."""
+    kind = type(value)
+    if kind is _DeviceRef:
+        return value.get(op)
+    if kind is list or kind is tuple:
+        return kind([_resolve(v, op) for v in value])
+    if kind is dict:
+        return {k: _resolve(v, op) for k, v in value.items()}
+    if isinstance(value, (torch.Tensor, *_SCALARS)):
+        return value
+    return tree_map(lambda v: v.get(op) if isinstance(v, _DeviceRef) else v, value)
 
 
 @functools.cache
@@ -333,56 +342,58 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
         return functools.partial(graph_op, host_args=host_args, workspace=workspace,
                                  replay_into=replay_into)
     signature = inspect.signature(fn)
-    extra = next((p.name for p in signature.parameters.values()
-                  if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+    params = list(signature.parameters.values())
+    kinds = inspect.Parameter
+    extra = next((p.name for p in params if p.kind is kinds.VAR_KEYWORD), None)
+    positional = None if any(p.kind is kinds.VAR_POSITIONAL for p in params) else [
+        p.name for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+    keywords = frozenset(p.name for p in params
+                         if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY))
 
-    def bind(args: tuple, kwargs: dict) -> tuple[dict, inspect.BoundArguments]:
-        bound = signature.bind_partial(*args, **kwargs)
-        named = dict(bound.arguments)
-        named.update(named.pop(extra, {}) if extra else {})
-        return named, bound
+    def by_name(args: tuple, kwargs: dict) -> dict | None:
+        """The call's arguments by parameter name, as `signature.bind_partial` gives them
+        with the **kwargs parameter flattened, without its ~5 us per call; None where the
+        call is not that plain case (bind_partial then binds it, or raises its TypeError)."""
+        if positional is None or len(args) > len(positional):
+            return None
+        named = dict(zip(positional, args))
+        for key, value in kwargs.items():
+            if key in named or (key not in keywords and extra is None):
+                return None
+            named[key] = value
+        return named
 
-    def frozen(args: tuple, kwargs: dict, task: bool,
-               bound: inspect.BoundArguments | None = None) -> tuple[tuple, dict]:
-        """The call as the task stores it: host arguments copied; with `task`, device
-        tensors held by address (_DeviceRef). `bound`: the call already bound (and not
-        needed any more by the caller), saving a second bind."""
+    def held(args: tuple, kwargs: dict, task: bool) -> tuple[tuple, dict, dict | None]:
+        """The call as its entry keeps it (`_hold`: host arguments copied; with `task`,
+        device tensors by address) and its layouts by argument name (None: not a task)."""
         if not host_args and not task:
-            return args, kwargs
-
-        def freeze(name: str, value: Any) -> Any:
-            return _snapshot(value) if name in host_args else _weaken(value) if task \
-                else value
-
-        bound = bound or signature.bind_partial(*args, **kwargs)
-        for name, value in list(bound.arguments.items()):
-            bound.arguments[name] = ({k: freeze(k, v) for k, v in value.items()}
-                                     if name == extra else freeze(name, value))
-        return bound.args, bound.kwargs
-
-    def check_task_call(named: dict) -> None:
-        op = fn.__name__
-        if workspace and named.get("workspace") is None:
-            raise NPUOpError(f"{op} in a graph task needs a workspace (the op would allocate "
-                             "one per call and free it on return, leaving the task a "
+            return args, kwargs, None
+        named, bound = by_name(args, kwargs), None
+        if named is None:
+            bound = signature.bind_partial(*args, **kwargs)
+            named = dict(bound.arguments)
+            named.update(named.pop(extra, {}) if extra else {})
+        if task and workspace and named.get("workspace") is None:
+            raise NPUOpError(f"{fn.__name__} in a graph task needs a workspace (the op would "
+                             "allocate one per call and free it on return, leaving the task a "
                              "dangling address): pass one from its get-workspace function "
                              "and keep it until the graph is replayed")
+        kept, layouts = {}, {}
         for name, value in named.items():
-            for t in _leaves(value):
-                if isinstance(t, torch.Tensor) and t.numel() == 0:
-                    raise NPUOpError(
-                        f"{op} in a graph task group with a zero-element {name} "
-                        f"{tuple(t.shape)}: the device launches no kernel for an empty "
-                        "input (the group would hold no task, and every update would fail "
-                        "its task count); capture the task with the batch's rows")
+            kept[name], layouts[name] = _hold(value, name in host_args, task, fn.__name__, name)
+        if bound is None:
+            return (tuple(kept[name] for name in positional[:len(args)]),
+                    {key: kept[key] for key in kwargs}, layouts)
+        for name, value in list(bound.arguments.items()):
+            bound.arguments[name] = ({k: kept[k] for k in value} if name == extra
+                                     else kept[name])
+        return bound.args, bound.kwargs, layouts
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         if _state.pending is not None and current_stream() is _state.update_stream:
-            named, bound = bind(args, kwargs)
-            check_task_call(named)
             # becomes the task's call once graph_task_update_end has checked it
-            _state.pending.append((fn, *frozen(args, kwargs, True, bound), _layout(named)))
+            _state.pending.append((fn, *held(args, kwargs, True)))
             return None
         # (inside an update window but on another stream, a device runs the op now, with
         # these arguments, and the update receives nothing: modelled the same way)
@@ -390,12 +401,11 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
         if graph is None:
             return fn(*args, **kwargs)
         task = _state.open_task
-        named = bind(args, kwargs)[0] if task is not None else None
-        if task is not None:
-            check_task_call(named)
         with _disable_current_modes():  # the op is one task: its internals (and the
-            out = fn(*args, **kwargs)  # copies of its host arguments) are not recorded
-            entry = _Entry(fn, *frozen(args, kwargs, task is not None), out, task is not None,
+            # copies of its host arguments) are not recorded
+            kept_args, kept_kwargs, layouts = held(args, kwargs, task is not None)
+            out = fn(*args, **kwargs)
+            entry = _Entry(fn, kept_args, kept_kwargs, out, task is not None,
                            into=None if task is not None else replay_into)
         if task is not None:
             given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
@@ -407,7 +417,7 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
                     "its out variant (a task update re-issues the op, and a non-out variant "
                     "would write to fresh buffers the graph never reads)")
             task.entries.append(entry)
-            task.layouts.append(_layout(named))
+            task.layouts.append(layouts)
         graph.entries.append(entry)
         return out
 
@@ -474,6 +484,8 @@ def graph_task_update_end(stream: Any = None) -> None:
                          f"{[e.fn.__name__ for e in handle.entries]}, got "
                          f"{[fn.__name__ for fn, *_ in calls]} on that stream")
     for (fn, _, _, layouts), captured in zip(calls, handle.layouts):
+        if layouts == captured:
+            continue
         # An updated task keeps its captured launch configuration (tiling, block dim):
         # vllm-ascend pads every updated argument to the captured batch (seq lens padded
         # with zeros to the graph size, mla_v1.py) instead of slicing the buffers.
