@@ -252,32 +252,37 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
                                  and sliding_window is None)
         self._lse: torch.Tensor | None = None  # the fused op's unused LSE output
         self._captured_cache_task: tuple | None = None
+        self._views: tuple | None = None  # _cache_views: (kv_cache, its four views)
 
-    def _planes(self, kv_cache: torch.Tensor):
-        """[num_blocks, 2, bs, Hkv*D] -> K, V planes [num_blocks, bs, Hkv*D]."""
-        return kv_cache[:, 0], kv_cache[:, 1]
-
-    def _as_heads(self, plane: torch.Tensor) -> torch.Tensor:
-        return plane.view(*plane.shape[:2], self.num_kv_heads, self.head_size)
+    def _cache_views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """kv_cache [num_blocks, 2, bs, Hkv*D] -> K, V planes [num_blocks, bs, Hkv*D] and
+        their per-head views [num_blocks, bs, Hkv, D]. Made once per cache tensor: every
+        step passes the same view objects (a graph task update then hands the simulated
+        device tensors its tasks already hold, instead of four fresh views per call)."""
+        views = self._views
+        if views is None or views[0] is not kv_cache:
+            k_plane, v_plane = kv_cache[:, 0], kv_cache[:, 1]
+            views = self._views = (kv_cache, k_plane, v_plane, *(
+                plane.view(*plane.shape[:2], self.num_kv_heads, self.head_size)
+                for plane in (k_plane, v_plane)))
+        return views[1:]
 
     def _write_cache(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                      meta: NPUAttentionMetadata) -> None:
-        k_plane, v_plane = self._planes(kv_cache)
-        ops._npu_reshape_and_cache(key, value, self._as_heads(k_plane),
-                                   self._as_heads(v_plane), meta.slot_mapping)
+        _, _, k_heads, v_heads = self._cache_views(kv_cache)
+        ops._npu_reshape_and_cache(key, value, k_heads, v_heads, meta.slot_mapping)
 
     def _paged_args(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: NPUAttentionMetadata,
                     out: torch.Tensor, seq_lens: torch.Tensor | None = None) -> dict:
-        k_plane, v_plane = self._planes(kv_cache)
-        return dict(query=q, key_cache=self._as_heads(k_plane),
-                    value_cache=self._as_heads(v_plane), num_kv_heads=self.num_kv_heads,
+        _, _, k_heads, v_heads = self._cache_views(kv_cache)
+        return dict(query=q, key_cache=k_heads, value_cache=v_heads, num_kv_heads=self.num_kv_heads,
                     num_heads=self.num_heads, scale_value=self.scale,
                     block_table=meta.block_table,
                     context_lens=meta.seq_lens if seq_lens is None else seq_lens, out=out)
 
     def _fia_args(self, q: torch.Tensor, kv_cache: torch.Tensor,
                   meta: NPUAttentionMetadata) -> tuple[tuple, dict]:
-        k_plane, v_plane = self._planes(kv_cache)
+        k_plane, v_plane = self._cache_views(kv_cache)[:2]
         window = {"sparse_mode": 3}
         if self.sliding_window is not None:
             window = {"sparse_mode": 4, "pre_tokens": self.sliding_window - 1,
@@ -388,7 +393,7 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
                           meta: NPUAttentionMetadata) -> tuple[tuple, dict]:
         """The gathered heads over this rank's context shard. The cached context precedes
         every new token: no mask."""
-        k_plane, v_plane = self._planes(kv_cache)
+        k_plane, v_plane = self._cache_views(kv_cache)[:2]
         ends, kv_lens = pad_query_ends(q_all.shape[0], meta.query_ends,
                                        meta.dcp.local_context_lens, min_kv=1)
         return (q_all, k_plane, v_plane), dict(
