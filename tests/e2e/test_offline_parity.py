@@ -123,9 +123,17 @@ def test_linear_layers_compute_with_the_simulated_matmul(engine, monkeypatch):
     for m in linears:
         assert type(m).__name__.startswith("NPU"), type(m)
         assert m.quant_method._gemm_impl is layers._device_gemm
-    calls = []
+    # the logits projection (vLLM runs it outside the forward): the device's matmul too
+    assert type(model.lm_head).__name__ == "NPUParallelLMHead"
+    assert type(model.lm_head.quant_method) is layers._DeviceEmbeddingMethod
+    calls, heads = [], []
     monkeypatch.setattr(sim_linear, "ONEDNN_MIN_ROWS", 1)
     monkeypatch.setattr(sim_linear, "_onednn", lambda: calls.append(1) or True)
+    real_head = sim_linear.device_linear
+    monkeypatch.setattr(sim_linear, "device_linear",
+                        lambda x, w, b=None: heads.append(x.shape) or real_head(x, w, b))
     prompts = [random_prompt(30 + i, 40 + 50 * i, _vocab(path)) for i in range(3)]
     assert _generate(llm, prompts, max_tokens=8) == [hf_greedy(path, p, 8) for p in prompts]
     assert calls  # the oneDNN branch ran
+    assert len(heads) >= 8 and all(shape[-1] == model.lm_head.weight.shape[1]
+                                   for shape in heads)  # a projection per step

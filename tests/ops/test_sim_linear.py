@@ -90,3 +90,33 @@ def test_replayed_linear_outside_the_kernel_is_aten_linear(monkeypatch):
         assert torch.equal(out, torch.zeros_like(out))
         assert sim_linear.replay_linear_into(x, weight, out=out) is out
         torch.testing.assert_close(out, F.linear(x, weight))
+
+
+@pytest.mark.parametrize("shape", [(128, 128), (7, 128), (2, 5, 128)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_the_logits_projection_runs_on_the_device_cores(shape, with_bias, monkeypatch):
+    """`device_linear` (vLLM's logits projection, called outside the model's forward on the
+    host's one torch thread): F.linear's result, computed on the device's cores (rows
+    split natively, else aten with torch's threads at the cores), torch's threads restored."""
+    from vllm_npu.ops.sim import native
+
+    monkeypatch.setattr(sim_linear.cores, "device_cores", lambda: 2)
+    x, w = _randn(*shape, seed=14), _randn(408, 128, seed=15)
+    b = _randn(408, seed=16) if with_bias else None
+    threads, split = [], []
+    real_linear, real_native = sim_linear.linear, native.linear
+    monkeypatch.setattr(sim_linear, "linear",
+                        lambda *a: threads.append(torch.get_num_threads()) or real_linear(*a))
+    monkeypatch.setattr(native, "linear", lambda *a: split.append(a[-1]) or real_native(*a))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want = F.linear(x, w, b)
+        got = sim_linear.device_linear(x, w, b)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+    natively = len(shape) == 2 and native.library() is not None
+    assert split == ([2] if len(shape) == 2 else [])
+    assert threads == ([] if natively else [2])

@@ -52,3 +52,17 @@ def replay_linear_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
         return out
     with cores.device_compute_threads():
         return torch.ops.aten.linear.out(x, weight, bias, out=out)
+
+
+def device_linear(x: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`linear` on the device's cores from wherever it is called (vLLM's logits projection
+    runs outside the model's forward, on the host's one torch thread): rows split over
+    them (`native.linear`), else `linear` with torch's threads set to them."""
+    threads = cores.device_cores()
+    if threads > 1 and x.dim() == 2:
+        out = x.new_empty(x.shape[0], weight.shape[0])
+        if native.linear(x, weight, bias, out, threads):
+            return out
+    with cores.device_compute_threads():
+        return linear(x, weight, bias)
