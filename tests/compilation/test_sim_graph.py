@@ -490,3 +490,82 @@ def test_an_update_call_with_a_bad_argument_name_raises_the_binding_error():
     finally:
         g.graph_task_update_end(None)
     assert handle.updates == 1
+
+
+def test_a_paged_attention_task_is_checked_when_issued_and_replayed_as_its_launch(mocker):
+    """Like a device runtime, the op's checks run when the task is issued (captured or
+    updated) and fix its launch; a replay only launches the kernel (none of the op's host
+    code), on the data the addresses hold at replay, with the host lengths of the issue."""
+    from vllm_npu.ops.sim import paged_decode
+
+    query, key, value, table, lens, consts = _paged_decode_inputs()
+    out = torch.empty_like(query)
+    graph, handle = _capture_task(lambda: _paged(query, key, value, table, lens, consts, out))
+    assert handle.entries[0].launch is not None
+    op_path = mocker.spy(paged_decode, "paged_decode")
+    kernel = mocker.spy(paged_decode, "_run")
+    query.mul_(-0.5)  # new device data after the capture: read at replay
+    want = torch.empty_like(query)
+    _paged(query, key, value, table, lens, consts, want)
+    op_path.reset_mock()
+    kernel.reset_mock()
+    graph.replay()
+    assert torch.equal(out, want)
+    assert op_path.call_count == 0 and kernel.call_count == 1
+    small = torch.empty(1, dtype=torch.uint8)  # a workspace too small for these lengths
+    g.graph_task_update_begin(None, handle)
+    with pytest.raises(NPUOpError, match=r"_npu_paged_attention: workspace of 1 bytes"):
+        _paged(query, key, value, table, lens, consts, out, workspace=small)  # at the issue
+    with pytest.raises(NPUOpError, match="must re-issue the captured ops"):
+        g.graph_task_update_end(None)  # the refused call is not part of the update
+    out.zero_()
+    graph.replay()  # the task keeps its previous launch
+    assert torch.equal(out, want)
+
+
+def test_a_launch_refuses_freed_or_resized_memory_before_running():
+    """A prepared launch holds addresses only: an output freed after the update, or a
+    cache whose storage was resized (sleep mode frees memory so), is refused at replay
+    with the freed-memory error instead of a kernel reading or writing it."""
+    query, key, value, table, lens, consts = _paged_decode_inputs()
+    out = torch.empty_like(query)
+    graph, handle = _capture_task(lambda: _paged(query, key, value, table, lens, consts, out))
+
+    def update(target):
+        g.graph_task_update_begin(None, handle)
+        _paged(query, key, value, table, lens, consts, target)
+        g.graph_task_update_end(None)
+
+    update(torch.empty_like(query))  # a temporary output, freed on return
+    with pytest.raises(NPUOpError, match="task _npu_paged_attention points at a freed "
+                                         r"torch.float32 tensor of shape \(3, 4, 32\)"):
+        graph.replay()
+    update(out)
+    graph.replay()  # valid again once updated with live memory
+    key.untyped_storage().resize_(0)
+    with pytest.raises(NPUOpError, match="task _npu_paged_attention points at a freed "
+                                         r"torch.float32 tensor of shape \(6, 16, 2, 32\)"):
+        graph.replay()
+
+
+def test_a_cache_write_task_reads_its_slots_at_replay_and_refuses_one_past_the_cache():
+    from vllm_npu.ops import sim
+
+    key, value = torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+    k_cache, v_cache = torch.zeros(4, 16, 2, 8), torch.zeros(4, 16, 2, 8)
+    slots = torch.tensor([0, 17, -1], dtype=torch.int32)  # -1: a padding token
+    graph, handle = _capture_task(
+        lambda: sim._npu_reshape_and_cache(key, value, k_cache, v_cache, slots))
+    assert handle.entries[0].launch is not None
+    k_cache.zero_()
+    slots.copy_(torch.tensor([5, -1, 63], dtype=torch.int32))  # device data: read at replay
+    graph.replay()
+    flat = k_cache.view(64, 2, 8)
+    assert torch.equal(flat[5], key[0]) and torch.equal(flat[63], key[2])
+    assert torch.equal(v_cache.view(64, 2, 8)[63], value[2])
+    assert int((flat.abs().sum(dim=(1, 2)) > 0).sum()) == 2
+    k_cache.zero_()
+    slots[1] = 64  # one past the cache: nothing is written
+    with pytest.raises(NPUOpError, match=r"_npu_reshape_and_cache: slot indices must be < 64"):
+        graph.replay()
+    assert not k_cache.any()

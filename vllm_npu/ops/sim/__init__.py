@@ -32,12 +32,13 @@ npu_fused_infer_attention_score = graph_op(attention.npu_fused_infer_attention_s
 npu_fused_infer_attention_score_out = graph_op(attention.npu_fused_infer_attention_score_out,
                                                host_args=_FIA_HOST, workspace=True)
 _npu_paged_attention = graph_op(attention._npu_paged_attention, host_args=("context_lens",),
-                                workspace=True)
+                                workspace=True, launcher=attention.paged_attention_launch)
 # Workspace queries run on the host before capture / update: not graph ops.
 _npu_fused_infer_attention_score_get_max_workspace = \
     attention._npu_fused_infer_attention_score_get_max_workspace
 _npu_paged_attention_get_workspace = attention._npu_paged_attention_get_workspace
-_npu_reshape_and_cache = graph_op(cache._npu_reshape_and_cache)
+_npu_reshape_and_cache = graph_op(cache._npu_reshape_and_cache,
+                                  launcher=cache.reshape_and_cache_launch)
 npu_multi_head_latent_attention = graph_op(mla.npu_multi_head_latent_attention,
                                            host_args=("context_lens",))
 npu_attention_update = graph_op(attention_update.npu_attention_update)

@@ -420,15 +420,12 @@ def _npu_paged_attention_get_workspace(query: torch.Tensor, key_cache: torch.Ten
     return torch.empty(_paged_workspace_bytes(query, key_cache, longest), dtype=torch.uint8)
 
 
-def _npu_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
-                         value_cache: torch.Tensor, num_kv_heads: int, num_heads: int,
-                         scale_value: float, block_table: torch.Tensor,
-                         context_lens: torch.Tensor, out: torch.Tensor,
-                         workspace: torch.Tensor | None = None) -> None:
-    """Decode attention (one query token per request), written into `out` [B, N, D].
-
-    key_cache/value_cache [num_blocks, block_size, Hkv, D]; context_lens int32 on the host.
-    """
+def _check_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
+                           value_cache: torch.Tensor, num_kv_heads: int, num_heads: int,
+                           block_table: torch.Tensor, context_lens: torch.Tensor,
+                           out: torch.Tensor, workspace: torch.Tensor | None) -> int:
+    """`_npu_paged_attention`'s checks (ATB's, when the op is launched); returns the
+    longest context."""
     op = "_npu_paged_attention"
     for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
         check_dtype(op, name, t)
@@ -457,6 +454,20 @@ def _npu_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
                          f"({block_table.shape[1]} blocks of {bs}; ATB: "
                          "max_num_blocks_per_seq >= ceil(max(contextLens) / block_size))")
     _check_workspace(op, workspace, _paged_workspace_bytes(query, key_cache, max_len))
+    return max_len
+
+
+def _npu_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
+                         value_cache: torch.Tensor, num_kv_heads: int, num_heads: int,
+                         scale_value: float, block_table: torch.Tensor,
+                         context_lens: torch.Tensor, out: torch.Tensor,
+                         workspace: torch.Tensor | None = None) -> None:
+    """Decode attention (one query token per request), written into `out` [B, N, D].
+
+    key_cache/value_cache [num_blocks, block_size, Hkv, D]; context_lens int32 on the host.
+    """
+    max_len = _check_paged_attention(query, key_cache, value_cache, num_kv_heads, num_heads,
+                                     block_table, context_lens, out, workspace)
     if paged_decode.supports(key_cache, value_cache):
         result, _ = paged_decode.paged_decode(query, key_cache, value_cache, num_kv_heads,
                                               block_table, context_lens, scale_value,
@@ -464,6 +475,7 @@ def _npu_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
         if result is not out:  # not float32: the kernel wrote a float32 copy
             out.copy_(result)
         return
+    B, bs = query.shape[0], key_cache.shape[1]
     flat_k = key_cache.view(key_cache.shape[0], bs, -1)
     flat_v = value_cache.view(value_cache.shape[0], bs, -1)
     k = gather_paged(flat_k, block_table, num_kv_heads, max_len)
@@ -472,6 +484,21 @@ def _npu_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
     o, _ = attend_padded(query.unsqueeze(1), k, v, ones, context_lens.long(), scale_value,
                          True, _INT_MAX, 0)
     out.copy_(o[:, 0])
+
+
+def paged_attention_launch(query: torch.Tensor, key_cache: torch.Tensor,
+                           value_cache: torch.Tensor, num_kv_heads: int, num_heads: int,
+                           scale_value: float, block_table: torch.Tensor,
+                           context_lens: torch.Tensor, out: torch.Tensor,
+                           workspace: torch.Tensor | None = None):
+    """`_npu_paged_attention` issued as a graph task: its checks now, then the kernel's
+    launch (graph.graph_op's `launcher`; None: the replay runs the op)."""
+    _check_paged_attention(query, key_cache, value_cache, num_kv_heads, num_heads,
+                           block_table, context_lens, out, workspace)
+    if not paged_decode.supports(key_cache, value_cache):
+        return None
+    return paged_decode.decode_launch(query, key_cache, value_cache, num_kv_heads,
+                                      block_table, context_lens, scale_value, out)
 
 
 _PA_HEAD_MAX = 576         # K/V head size (0, 576] ...

@@ -11,9 +11,13 @@ from vllm_npu.ops.sim import native
 from vllm_npu.ops.sim.checks import NPUOpError, check_contiguous, check_dim, check_dtype
 
 
-def _npu_reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                           value_cache: torch.Tensor, slot_indices: torch.Tensor) -> None:
-    op = "_npu_reshape_and_cache"
+_OP = "_npu_reshape_and_cache"
+
+
+def _check(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+           value_cache: torch.Tensor, slot_indices: torch.Tensor) -> None:
+    """The op's checks (ATB's, when it is launched)."""
+    op = _OP
     for name, t in (("key", key), ("value", value), ("key_cache", key_cache),
                     ("value_cache", value_cache)):
         check_dtype(op, name, t)
@@ -29,6 +33,12 @@ def _npu_reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: to
     if slot_indices.dtype != torch.int32 or slot_indices.shape != (key.shape[0],):
         raise NPUOpError(f"{op}: slot_indices must be int32 of shape ({key.shape[0]},), got "
                          f"{slot_indices.dtype} {tuple(slot_indices.shape)}")
+
+
+def _npu_reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                           value_cache: torch.Tensor, slot_indices: torch.Tensor) -> None:
+    _check(key, value, key_cache, value_cache, slot_indices)
+    op = _OP
     capacity = key_cache.shape[0] * key_cache.shape[1]
     if native.scatter_rows(key, slot_indices, key_cache) == -1 and \
             native.scatter_rows(value, slot_indices, value_cache) == -1:
@@ -44,3 +54,23 @@ def _npu_reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: to
             slots, key, value = slots[keep], key[keep], value[keep]
     key_cache.view(capacity, *key_cache.shape[2:]).index_copy_(0, slots, key)
     value_cache.view(capacity, *value_cache.shape[2:]).index_copy_(0, slots, value)
+
+
+def reshape_and_cache_launch(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                             value_cache: torch.Tensor, slot_indices: torch.Tensor):
+    """The op issued as a graph task: its checks now, then the native scatters' launch
+    (graph.graph_op's `launcher`; None where they do not cover the call: the replay runs
+    the op). The slots are device data, read at replay: one past the cache is refused
+    there, before anything is written."""
+    _check(key, value, key_cache, value_cache, slot_indices)
+    keys = native.scatter_launch(key, slot_indices, key_cache)
+    values = native.scatter_launch(value, slot_indices, value_cache)
+    if keys is None or values is None:
+        return None
+    capacity = key_cache.shape[0] * key_cache.shape[1]
+
+    def launch() -> None:
+        if keys() != -1 or values() != -1:
+            raise NPUOpError(f"{_OP}: slot indices must be < {capacity} (negative = "
+                             "padding, skipped)")
+    return launch

@@ -85,10 +85,13 @@ class _DeviceRef:
     allocator reuses a freed block for the next allocation, so a task whose workspace or
     output was freed reads or writes someone else's memory at replay. vllm-ascend keeps
     every such buffer alive in its graph params (`graph_params.workspaces[num_tokens]`)."""
-    __slots__ = ("ref", "tensor", "ptr", "offset", "shape", "stride", "dtype")
+    __slots__ = ("ref", "tensor", "ptr", "base", "nbytes", "offset", "shape", "stride",
+                 "dtype")
 
     def __init__(self, t: torch.Tensor) -> None:
-        self.ref = weakref.ref(t.untyped_storage())
+        storage = t.untyped_storage()
+        self.ref = weakref.ref(storage)
+        self.base, self.nbytes = storage.data_ptr(), storage.nbytes()
         # The caller's tensor while it lives (its storage then lives too): a replay uses it
         # as it is, where rebuilding a view on the storage costs ~3 us per argument.
         self.tensor = weakref.ref(t)
@@ -103,12 +106,22 @@ class _DeviceRef:
             return t
         storage = self.ref()
         if storage is None:
-            raise NPUOpError(f"graph replay: task {op} points at a freed {self.dtype} tensor "
-                             f"of shape {self.shape}; keep every tensor a captured or "
-                             "updated task uses (workspace, outputs, update arguments) alive "
-                             "until the graph is replayed")
+            self._freed(op)
         return torch.empty(0, dtype=self.dtype).set_(storage, self.offset, self.shape,
                                                      self.stride)
+
+    def check(self, op: str) -> None:
+        """Refuses a launch on this address once its memory was freed, or moved or shrunk
+        (a storage resized, e.g. by sleep mode) since the task was issued."""
+        storage = self.ref()
+        if storage is None or storage.data_ptr() != self.base or storage.nbytes() < self.nbytes:
+            self._freed(op)
+
+    def _freed(self, op: str) -> None:
+        raise NPUOpError(f"graph replay: task {op} points at a freed {self.dtype} tensor "
+                         f"of shape {self.shape}; keep every tensor a captured or "
+                         "updated task uses (workspace, outputs, update arguments) alive "
+                         "until the graph is replayed")
 
 
 _SCALARS = (int, float, bool, str, type(None), torch.dtype)
@@ -163,6 +176,20 @@ def _resolve(value: Any, op: str) -> Any:
     return tree_map(lambda v: v.get(op) if isinstance(v, _DeviceRef) else v, value)
 
 
+def _refs(value: Any) -> list[_DeviceRef]:
+    """The addresses (_DeviceRef) among a task call's kept arguments."""
+    kind = type(value)
+    if kind is _DeviceRef:
+        return [value]
+    if kind is list or kind is tuple:
+        return [ref for v in value for ref in _refs(v)]
+    if kind is dict:
+        return [ref for v in value.values() for ref in _refs(v)]
+    if isinstance(value, (torch.Tensor, *_SCALARS)):
+        return []
+    return [leaf for leaf in tree_leaves(value) if type(leaf) is _DeviceRef]
+
+
 @functools.cache
 def _out_overload(func) -> Any:
     """The `out=` overload of an aten op taking the same arguments (`linear` ->
@@ -189,6 +216,13 @@ class _Entry:
     out_fn: Callable[..., Any] | None = None  # writes `outputs` in place (_out_overload)
     into: Callable[..., bool] | None = None  # a graph op's `replay_into`
     matmul: bool = False  # runs on the device's cores (_MATMULS)
+    launch: Callable[[], None] | None = None  # a task's prepared kernel (graph_op launcher)
+    refs: tuple = ()  # the addresses a launch reads and writes
+
+    def prepared(self, launch: Callable[[], None] | None) -> None:
+        """A task call's launch (None: the replay runs the op) and the addresses it uses."""
+        self.launch = launch
+        self.refs = tuple(_refs(self.args) + _refs(self.kwargs)) if launch is not None else ()
 
     def run(self) -> None:
         if self.matmul:
@@ -198,6 +232,11 @@ class _Entry:
             self._run()
 
     def _run(self) -> None:
+        if self.launch is not None:
+            for ref in self.refs:
+                ref.check(self.fn.__name__)
+            self.launch()
+            return
         args, kwargs = self.args, self.kwargs
         if self.out_fn is not None:
             self.out_fn(*args, **kwargs, out=self.outputs)
@@ -313,7 +352,9 @@ class SimGraph:
 
 def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...] = (),
              workspace: bool = False,
-             replay_into: Callable[..., bool] | None = None) -> Callable[..., Any]:
+             replay_into: Callable[..., bool] | None = None,
+             launcher: Callable[..., Callable[[], None] | None] | None = None
+             ) -> Callable[..., Any]:
     """Make a simulated op graph-aware: recorded as one entry under capture (a task's
     entry inside a task group), and captured into a task update inside one.
 
@@ -393,7 +434,9 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
     def wrapper(*args, **kwargs):
         if _state.pending is not None and current_stream() is _state.update_stream:
             # becomes the task's call once graph_task_update_end has checked it
-            _state.pending.append((fn, *held(args, kwargs, True)))
+            kept_args, kept_kwargs, layouts = held(args, kwargs, True)
+            launch = launcher(*args, **kwargs) if launcher is not None else None
+            _state.pending.append((fn, kept_args, kept_kwargs, layouts, launch))
             return None
         # (inside an update window but on another stream, a device runs the op now, with
         # these arguments, and the update receives nothing: modelled the same way)
@@ -407,6 +450,8 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
             out = fn(*args, **kwargs)
             entry = _Entry(fn, kept_args, kept_kwargs, out, task is not None,
                            into=None if task is not None else replay_into)
+            if task is not None and launcher is not None:
+                entry.prepared(launcher(*args, **kwargs))
         if task is not None:
             given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
                      if isinstance(t, torch.Tensor)}
@@ -483,7 +528,7 @@ def graph_task_update_end(stream: Any = None) -> None:
                          "update stream (torch.npu.stream(update_stream)): captured "
                          f"{[e.fn.__name__ for e in handle.entries]}, got "
                          f"{[fn.__name__ for fn, *_ in calls]} on that stream")
-    for (fn, _, _, layouts), captured in zip(calls, handle.layouts):
+    for (fn, _, _, layouts, _), captured in zip(calls, handle.layouts):
         if layouts == captured:
             continue
         # An updated task keeps its captured launch configuration (tiling, block dim):
@@ -495,8 +540,9 @@ def graph_task_update_end(stream: Any = None) -> None:
                 raise NPUOpError(f"graph task update of {fn.__name__}: {name} is {layout}, "
                                  f"captured {captured.get(name)}; pad the update's arguments "
                                  "to the captured batch")
-    for entry, (_, args, kwargs, _) in zip(handle.entries, calls):
+    for entry, (_, args, kwargs, _, launch) in zip(handle.entries, calls):
         entry.args, entry.kwargs = args, kwargs
+        entry.prepared(launch)
     handle.updates += 1
 
 

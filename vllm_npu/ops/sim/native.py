@@ -117,15 +117,22 @@ def scatter_rows(src: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor) ->
     src [T, ...] whose rows are contiguous (a row stride of its own), cache contiguous of
     src's dtype, slots int32 [T] contiguous. Returns -1 when written, the index of the
     first slot >= capacity when refused (nothing written), None when not covered."""
+    launch = scatter_launch(src, slots, cache)
+    return None if launch is None else launch()
+
+
+def scatter_launch(src: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor):
+    """`scatter_rows` with its arguments fixed (the tensors by address): a callable
+    returning what scatter_rows returns, or None when not covered."""
     lib = library()
     row = src[0].numel() if src.shape[0] else 0
     if lib is None or src.dim() < 2 or not slots.is_contiguous() or not src.shape[0] \
             or not src[0].is_contiguous() or src.dtype != cache.dtype:
         return None
-    capacity = cache.numel() // row
-    return lib.npu_sim_scatter_rows(src.data_ptr(), src.stride(0) * src.element_size(),
-                                    slots.data_ptr(), src.shape[0], cache.data_ptr(),
-                                    row * src.element_size(), capacity)
+    return functools.partial(lib.npu_sim_scatter_rows, src.data_ptr(),
+                             src.stride(0) * src.element_size(), slots.data_ptr(),
+                             src.shape[0], cache.data_ptr(), row * src.element_size(),
+                             cache.numel() // row)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

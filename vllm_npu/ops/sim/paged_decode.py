@@ -155,12 +155,43 @@ def paged_rows(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.
                  B, N, num_kv_heads, D, query_rope.shape[2] if query_rope is not None else 0,
                  v.shape[3], k.shape[1], min(k.shape[0], kr.shape[0], v.shape[0]), scale,
                  k.dtype == torch.bfloat16, row_of.data_ptr() if row_of is not None else None)
-    status = _run(args) if B else 0
+    _launch(args, first, lens)
+    return out.to(query.dtype), lse
+
+
+def _launch(args: _Args, first: torch.Tensor, lens: torch.Tensor) -> None:
+    """Runs the kernel on `args` (whose first / lens pointers are these tensors')."""
+    status = _run(args) if args.B else 0
     if status == -1:
-        raise MemoryError(f"paged_decode: no scratch memory for {B} requests of up to "
+        raise MemoryError(f"paged_decode: no scratch memory for {args.B} requests of up to "
                           f"{int((lens - first).max())} keys")
     if status == -2:
         raise ValueError(f"paged_decode: a request's keys (up to {int(lens.max())}) reach "
-                         f"past its block table row ({table.shape[1]} blocks of {k.shape[1]}) "
-                         f"or a block id outside [0, {args.num_blocks})")
-    return out.to(query.dtype), lse
+                         f"past its block table row ({args.table_stride} blocks of "
+                         f"{args.bs}) or a block id outside [0, {args.num_blocks})")
+
+
+def decode_launch(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                  num_kv_heads: int, block_table: torch.Tensor, kv_lens: torch.Tensor,
+                  scale: float, out: torch.Tensor):
+    """`paged_decode(..., out=out, want_lse=False)` prepared for a graph task (see
+    graph.graph_op's `launcher`): the kernel's arguments fixed now, tensors by address and
+    kv_lens copied (host data); the callable returned only launches. None where a replay
+    would have to convert device data first (query or out not float32 contiguous, the
+    table not int32 contiguous, out not the result's shape) or without the kernel."""
+    B, N, D = query.shape
+    k, v = _heads(key_cache, num_kv_heads), _heads(value_cache, num_kv_heads)
+    if _kernel() is None or k.dtype != torch.float32 or query.dtype != torch.float32 \
+            or not query.is_contiguous() or block_table.dtype != torch.int32 \
+            or not block_table.is_contiguous() or out.dtype != torch.float32 \
+            or not out.is_contiguous() or out.shape != (B, N, v.shape[3]) \
+            or k.shape[3] != D or v.shape[1] != k.shape[1] or block_table.shape[0] < B:
+        return None
+    lens = kv_lens.to(torch.int64, copy=True).contiguous()
+    first = torch.zeros_like(lens)
+    args = _Args(query.data_ptr(), query.data_ptr(), k.data_ptr(), k.data_ptr(), v.data_ptr(),
+                 *k.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                 block_table.data_ptr(), block_table.shape[1], first.data_ptr(),
+                 lens.data_ptr(), out.data_ptr(), None, B, N, num_kv_heads, D, 0, v.shape[3],
+                 k.shape[1], min(k.shape[0], v.shape[0]), scale, False, None)
+    return functools.partial(_launch, args, first, lens)
