@@ -55,21 +55,22 @@ def test_replay_recomputes_from_the_captured_input_buffers():
 
 def test_replayed_aten_ops_write_their_captured_outputs_in_place(monkeypatch):
     """An aten op with an `out=` overload of the same arguments replays into its captured
-    buffer (as a device kernel writes its graph-pool output); one without (`contiguous`)
-    runs and is copied in. Results equal a fresh eager run either way. (Inference mode,
+    buffer (as a device kernel writes its graph-pool output), `contiguous` and `to` as a
+    copy of their input into it; an op with neither runs and is copied in. Results equal a fresh eager run either way. (Inference mode,
     as the engine captures: `linear` stays one op.)"""
     x, w, b = torch.randn(5, 8), torch.randn(6, 8), torch.randn(6)
 
     def forward():
         h = torch.nn.functional.linear(x, w, b)
-        return (h.t().contiguous() + 1.5).relu()
+        return (h.t().contiguous() + 1.5).relu().to(torch.float64)
 
     with torch.inference_mode():
         graph, y = _capture(forward)
         kinds = {e.fn.name(): e.out_fn for e in graph.entries}
         assert kinds == {"aten::linear": sim_linear.replay_linear_into,
-                         "aten::contiguous": None, "aten::add.Tensor": torch.ops.aten.add.out,
-                         "aten::relu": torch.ops.aten.relu.out}
+                         "aten::contiguous": g._copy_replay,
+                         "aten::add.Tensor": torch.ops.aten.add.out,
+                         "aten::relu": torch.ops.aten.relu.out, "aten::to.dtype": g._copy_replay}
         copies = []
         real_copy = g._copy_one
         monkeypatch.setattr(g, "_copy_one", lambda old, new: (copies.append(old),
@@ -77,9 +78,9 @@ def test_replayed_aten_ops_write_their_captured_outputs_in_place(monkeypatch):
         x.copy_(torch.randn(5, 8))
         before = y.data_ptr()
         graph.replay()
-        assert y.data_ptr() == before
+        assert y.data_ptr() == before and y.dtype == torch.float64
         assert torch.equal(y, forward())
-    assert len(copies) == 1  # contiguous's result only
+    assert len(copies) == 2  # contiguous's and to's, each straight from its input
 
 
 def test_replayed_matmuls_run_on_the_device_cores_and_the_rest_on_one_thread(monkeypatch):

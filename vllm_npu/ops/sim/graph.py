@@ -53,9 +53,20 @@ def _copy_into(captured: Any, fresh: Any) -> None:
 # vLLM's one torch thread (elementwise ops of a decode batch are below torch's parallel
 # grain). A device's matmul likewise runs on all its cube cores.
 _MATMULS = frozenset(f"aten::{name}" for name in ("mm", "addmm", "bmm", "baddbmm", "matmul"))
-# aten ops the simulator replays with a function of its own (same arguments, `out=`), which
-# uses the device's cores itself
-_OWN_REPLAY = {torch.ops.aten.linear.default: linear.replay_linear_into}
+
+
+def _copy_replay(x: torch.Tensor, *args: Any, out: torch.Tensor, **kwargs: Any) -> None:
+    """A replayed `contiguous` / `to(dtype)`: its captured output is its input copied (and
+    converted: `copy_` converts as `to` does), written in place instead of a fresh tensor
+    copied in."""
+    _copy_one(out, x)
+
+
+# aten ops the simulator replays with a function of its own (same arguments, `out=`):
+# `linear` uses the device's cores itself
+_OWN_REPLAY = {torch.ops.aten.linear.default: linear.replay_linear_into,
+               torch.ops.aten.contiguous.default: _copy_replay,
+               torch.ops.aten.to.dtype: _copy_replay}
 
 # Allocations recorded during capture: on a device they are graph-pool memory, not tasks;
 # the captured buffer is what the graph reads and writes at every replay.
@@ -302,9 +313,9 @@ class _Recorder(TorchDispatchMode):
         if _is_static(func, args, kwargs, out):
             self.graph.static.append(out)  # kept alive with the graph, as its pool is
         else:
-            in_place = _out_overload(func) if type(out) is torch.Tensor else None
-            own = _OWN_REPLAY.get(func) if in_place is not None else None
-            self.graph.entries.append(_Entry(func, args, kwargs, out, out_fn=own or in_place,
+            own = _OWN_REPLAY.get(func) if type(out) is torch.Tensor else None
+            in_place = own or (_out_overload(func) if type(out) is torch.Tensor else None)
+            self.graph.entries.append(_Entry(func, args, kwargs, out, out_fn=in_place,
                                              matmul=own is None and func.name() in _MATMULS))
         return out
 
