@@ -56,8 +56,9 @@ def test_replay_recomputes_from_the_captured_input_buffers():
 def test_replayed_aten_ops_write_their_captured_outputs_in_place(monkeypatch):
     """An aten op with an `out=` overload of the same arguments replays into its captured
     buffer (as a device kernel writes its graph-pool output), `contiguous` and `to` as a
-    copy of their input into it; an op with neither runs and is copied in. Results equal a fresh eager run either way. (Inference mode,
-    as the engine captures: `linear` stays one op.)"""
+    copy of their input into it; an op with neither runs and is copied in. Results equal
+    a fresh eager run either way. (Inference mode, as the engine captures: `linear` stays
+    one op.)"""
     x, w, b = torch.randn(5, 8), torch.randn(6, 8), torch.randn(6)
 
     def forward():

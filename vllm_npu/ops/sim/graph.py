@@ -14,7 +14,8 @@ captured buffers, and only a task updated through the update API sees new argume
               do not run: they replace the handle's calls (same ops, new arguments)
 
 A task holds device addresses, not tensors: the simulator keeps a task's device-tensor
-arguments by weak reference and refuses a replay whose task points at freed memory.
+arguments by weak reference (task_args.py) and refuses a replay whose task points at
+freed memory.
 Task groups also refuse what a device cannot record or update: a zero-element input, an
 op that allocates its own outputs (a non-`out` variant), a missing workspace, and an
 update whose arguments differ in shape from the captured call's.
@@ -25,16 +26,16 @@ import contextlib
 import functools
 import inspect
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from torch.utils._pytree import tree_leaves
 
 from vllm_npu.ops.sim import cores, linear
 from vllm_npu.ops.sim.checks import NPUOpError
+from vllm_npu.ops.sim.task_args import addresses, hold, resolve
 
 
 def _copy_one(old: torch.Tensor, new: torch.Tensor) -> None:
@@ -89,118 +90,6 @@ def _is_static(func, args: tuple, kwargs: dict, out: Any) -> bool:
     return bool(outputs) and all(t.untyped_storage().data_ptr() in inputs for t in outputs)
 
 
-class _DeviceRef:
-    """A device tensor as a task sees it: an address (storage, offset, sizes, strides),
-    not an owner. Source: an ACL graph task stores the kernel's launch arguments, raw
-    device pointers (CANN `aclmdlRICaptureTaskUpdateBegin/End` replace them); the caching
-    allocator reuses a freed block for the next allocation, so a task whose workspace or
-    output was freed reads or writes someone else's memory at replay. vllm-ascend keeps
-    every such buffer alive in its graph params (`graph_params.workspaces[num_tokens]`)."""
-    __slots__ = ("ref", "tensor", "ptr", "base", "nbytes", "offset", "shape", "stride",
-                 "dtype")
-
-    def __init__(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        self.ref = weakref.ref(storage)
-        self.base, self.nbytes = storage.data_ptr(), storage.nbytes()
-        # The caller's tensor while it lives (its storage then lives too): a replay uses it
-        # as it is, where rebuilding a view on the storage costs ~3 us per argument.
-        self.tensor = weakref.ref(t)
-        self.ptr = t.data_ptr()
-        self.offset, self.shape, self.stride = t.storage_offset(), tuple(t.shape), t.stride()
-        self.dtype = t.dtype
-
-    def get(self, op: str) -> torch.Tensor:
-        t = self.tensor()
-        if t is not None and t.data_ptr() == self.ptr and t.shape == self.shape \
-                and t.stride() == self.stride:
-            return t
-        storage = self.ref()
-        if storage is None:
-            self._freed(op)
-        return torch.empty(0, dtype=self.dtype).set_(storage, self.offset, self.shape,
-                                                     self.stride)
-
-    def check(self, op: str) -> None:
-        """Refuses a launch on this address once its memory was freed, or moved or shrunk
-        (a storage resized, e.g. by sleep mode) since the task was issued."""
-        storage = self.ref()
-        if storage is None or storage.data_ptr() != self.base or storage.nbytes() < self.nbytes:
-            self._freed(op)
-
-    def _freed(self, op: str) -> None:
-        raise NPUOpError(f"graph replay: task {op} points at a freed {self.dtype} tensor "
-                         f"of shape {self.shape}; keep every tensor a captured or "
-                         "updated task uses (workspace, outputs, update arguments) alive "
-                         "until the graph is replayed")
-
-
-_SCALARS = (int, float, bool, str, type(None), torch.dtype)
-
-
-def _hold(value: Any, host: bool, task: bool, op: str, name: str) -> tuple[Any, Any]:
-    """One argument of a call as its graph entry keeps it, and the argument's layout.
-
-    Kept: a host argument (`host`) is copied, as a device task holds its own copy; with
-    `task`, a device tensor is held by address (_DeviceRef), otherwise as it is. Layout:
-    what a task's launch configuration depends on, tensor shapes and dtypes and the
-    lengths of host lists (not their values, which an update may change). A task refuses
-    a zero-element tensor. Plain lists, tuples and dicts are walked here, other containers
-    through pytree (a task update runs this over every argument, every step)."""
-    if isinstance(value, torch.Tensor):
-        if task and value.numel() == 0:
-            raise NPUOpError(
-                f"{op} in a graph task group with a zero-element {name} {tuple(value.shape)}: "
-                "the device launches no kernel for an empty input (the group would hold no "
-                "task, and every update would fail its task count); capture the task with "
-                "the batch's rows")
-        kept = value.clone() if host else _DeviceRef(value) if task else value
-        return kept, (tuple(value.shape), value.dtype)
-    kind = type(value)
-    if kind is list or kind is tuple:
-        pairs = [_hold(v, host, task, op, name) for v in value]
-        return kind([kept for kept, _ in pairs]), kind([layout for _, layout in pairs])
-    if kind is dict:
-        pairs = {k: _hold(v, host, task, op, name) for k, v in value.items()}
-        return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
-    if isinstance(value, _SCALARS):
-        return value, None
-    leaves, spec = tree_flatten(value)
-    if len(leaves) == 1 and leaves[0] is value:  # an object pytree does not open
-        return value, None
-    pairs = [_hold(leaf, host, task, op, name) for leaf in leaves]
-    return (tree_unflatten([kept for kept, _ in pairs], spec),
-            tree_unflatten([layout for _, layout in pairs], spec))
-
-
-def _resolve(value: Any, op: str) -> Any:
-    """A task's argument at replay: each address back to a tensor (refusing freed memory)."""
-    kind = type(value)
-    if kind is _DeviceRef:
-        return value.get(op)
-    if kind is list or kind is tuple:
-        return kind([_resolve(v, op) for v in value])
-    if kind is dict:
-        return {k: _resolve(v, op) for k, v in value.items()}
-    if isinstance(value, (torch.Tensor, *_SCALARS)):
-        return value
-    return tree_map(lambda v: v.get(op) if isinstance(v, _DeviceRef) else v, value)
-
-
-def _refs(value: Any) -> list[_DeviceRef]:
-    """The addresses (_DeviceRef) among a task call's kept arguments."""
-    kind = type(value)
-    if kind is _DeviceRef:
-        return [value]
-    if kind is list or kind is tuple:
-        return [ref for v in value for ref in _refs(v)]
-    if kind is dict:
-        return [ref for v in value.values() for ref in _refs(v)]
-    if isinstance(value, (torch.Tensor, *_SCALARS)):
-        return []
-    return [leaf for leaf in tree_leaves(value) if type(leaf) is _DeviceRef]
-
-
 @functools.cache
 def _out_overload(func) -> Any:
     """The `out=` overload of an aten op taking the same arguments (`linear` ->
@@ -233,7 +122,8 @@ class _Entry:
     def prepared(self, launch: Callable[[], None] | None) -> None:
         """A task call's launch (None: the replay runs the op) and the addresses it uses."""
         self.launch = launch
-        self.refs = tuple(_refs(self.args) + _refs(self.kwargs)) if launch is not None else ()
+        self.refs = () if launch is None else tuple(addresses(self.args)
+                                                    + addresses(self.kwargs))
 
     def run(self) -> None:
         if self.matmul:
@@ -256,7 +146,7 @@ class _Entry:
             return
         if self.task:
             name = self.fn.__name__
-            args, kwargs = _resolve(args, name), _resolve(kwargs, name)
+            args, kwargs = resolve(args, name), resolve(kwargs, name)
         fresh = self.fn(*args, **kwargs)
         if type(self.outputs) is torch.Tensor and isinstance(fresh, torch.Tensor):
             _copy_one(self.outputs, fresh)  # most entries: one plain tensor out
@@ -416,7 +306,7 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
         return named
 
     def held(args: tuple, kwargs: dict, task: bool) -> tuple[tuple, dict, dict | None]:
-        """The call as its entry keeps it (`_hold`: host arguments copied; with `task`,
+        """The call as its entry keeps it (`hold`: host arguments copied; with `task`,
         device tensors by address) and its layouts by argument name (None: not a task)."""
         if not host_args and not task:
             return args, kwargs, None
@@ -432,7 +322,7 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
                              "and keep it until the graph is replayed")
         kept, layouts = {}, {}
         for name, value in named.items():
-            kept[name], layouts[name] = _hold(value, name in host_args, task, fn.__name__, name)
+            kept[name], layouts[name] = hold(value, name in host_args, task, fn.__name__, name)
         if bound is None:
             return (tuple(kept[name] for name in positional[:len(args)]),
                     {key: kept[key] for key in kwargs}, layouts)
