@@ -43,6 +43,13 @@ def _capture_task(op):
     return _capture(forward)
 
 
+def _reissue(handle, op):
+    """A task update of `handle` whose one call is `op()` (the current stream)."""
+    g.graph_task_update_begin(None, handle)
+    op()
+    g.graph_task_update_end(None)
+
+
 def test_replay_recomputes_from_the_captured_input_buffers():
     x = torch.ones(4)
     graph, y = _capture(lambda: torch.relu(x * 2) + 1)
@@ -437,9 +444,7 @@ def test_a_replay_refuses_a_task_whose_update_arguments_were_freed():
     graph, handle = _capture_task(lambda: scale_into(x, 2.0, out))
 
     def update(source):
-        g.graph_task_update_begin(None, handle)
-        scale_into(source, 3.0, out)
-        g.graph_task_update_end(None)
+        _reissue(handle, lambda: scale_into(source, 3.0, out))
 
     kept = torch.full((3,), 2.0)
     update(kept)
@@ -462,9 +467,7 @@ def test_a_replay_follows_the_address_an_update_passed_not_the_tensor_object():
     graph, handle = _capture_task(lambda: scale_into(x, 2.0, out))
 
     def update(source):
-        g.graph_task_update_begin(None, handle)
-        scale_into(source, 3.0, out)
-        g.graph_task_update_end(None)
+        _reissue(handle, lambda: scale_into(source, 3.0, out))
 
     base = torch.arange(6.0)
     update(base[3:])  # the view dies here, its memory lives in `base`
@@ -534,9 +537,7 @@ def test_a_launch_refuses_freed_or_resized_memory_before_running():
     graph, handle = _capture_task(lambda: _paged(query, key, value, table, lens, consts, out))
 
     def update(target):
-        g.graph_task_update_begin(None, handle)
-        _paged(query, key, value, table, lens, consts, target)
-        g.graph_task_update_end(None)
+        _reissue(handle, lambda: _paged(query, key, value, table, lens, consts, target))
 
     update(torch.empty_like(query))  # a temporary output, freed on return
     with pytest.raises(NPUOpError, match="task _npu_paged_attention points at a freed "
@@ -571,3 +572,24 @@ def test_a_cache_write_task_reads_its_slots_at_replay_and_refuses_one_past_the_c
     with pytest.raises(NPUOpError, match=r"_npu_reshape_and_cache: slot indices must be < 64"):
         graph.replay()
     assert not k_cache.any()
+
+
+def test_a_launcher_given_to_the_decorator_form_prepares_the_task():
+    """`@graph_op(launcher=...)`: the launcher runs at each issue with the call's
+    arguments; a replay runs its launch, not the op."""
+    issued, launched, ran = [], [], []
+
+    def launcher(x, factor, out):
+        issued.append(factor)
+        return lambda: launched.append(factor)
+
+    @g.graph_op(launcher=launcher)
+    def scaled(x: torch.Tensor, factor: float, out: torch.Tensor) -> None:
+        ran.append(factor)
+        out.copy_(x * factor)
+
+    x, out = torch.ones(2), torch.zeros(2)
+    graph, handle = _capture_task(lambda: scaled(x, 2.0, out))
+    _reissue(handle, lambda: scaled(x, 5.0, out))
+    graph.replay()
+    assert issued == [2.0, 5.0] and launched == [5.0] and ran == [2.0]  # ran once: capture

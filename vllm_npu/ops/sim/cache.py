@@ -17,28 +17,26 @@ _OP = "_npu_reshape_and_cache"
 def _check(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
            value_cache: torch.Tensor, slot_indices: torch.Tensor) -> None:
     """The op's checks (ATB's, when it is launched)."""
-    op = _OP
     for name, t in (("key", key), ("value", value), ("key_cache", key_cache),
                     ("value_cache", value_cache)):
-        check_dtype(op, name, t)
-    check_dim(op, "key", key, 3)
-    check_dim(op, "key_cache", key_cache, 4)
-    check_contiguous(op, key_cache=key_cache, value_cache=value_cache)
+        check_dtype(_OP, name, t)
+    check_dim(_OP, "key", key, 3)
+    check_dim(_OP, "key_cache", key_cache, 4)
+    check_contiguous(_OP, key_cache=key_cache, value_cache=value_cache)
     if key.dtype != key_cache.dtype or value.dtype != value_cache.dtype:
-        raise NPUOpError(f"{op}: key/value dtype {key.dtype} must match the cache "
+        raise NPUOpError(f"{_OP}: key/value dtype {key.dtype} must match the cache "
                          f"dtype {key_cache.dtype}")
     if key.shape[1:] != key_cache.shape[2:] or value.shape[1:] != value_cache.shape[2:]:
-        raise NPUOpError(f"{op}: key {tuple(key.shape)} does not fit cache "
+        raise NPUOpError(f"{_OP}: key {tuple(key.shape)} does not fit cache "
                          f"{tuple(key_cache.shape)}")
     if slot_indices.dtype != torch.int32 or slot_indices.shape != (key.shape[0],):
-        raise NPUOpError(f"{op}: slot_indices must be int32 of shape ({key.shape[0]},), got "
+        raise NPUOpError(f"{_OP}: slot_indices must be int32 of shape ({key.shape[0]},), got "
                          f"{slot_indices.dtype} {tuple(slot_indices.shape)}")
 
 
 def _npu_reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                            value_cache: torch.Tensor, slot_indices: torch.Tensor) -> None:
     _check(key, value, key_cache, value_cache, slot_indices)
-    op = _OP
     capacity = key_cache.shape[0] * key_cache.shape[1]
     if native.scatter_rows(key, slot_indices, key_cache) == -1 and \
             native.scatter_rows(value, slot_indices, value_cache) == -1:
@@ -47,7 +45,7 @@ def _npu_reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: to
     if slots.numel():
         lowest, highest = (int(v) for v in torch.aminmax(slots))
         if highest >= capacity:
-            raise NPUOpError(f"{op}: slot indices must be < {capacity} (negative = padding, "
+            raise NPUOpError(f"{_OP}: slot indices must be < {capacity} (negative = padding, "
                              f"skipped), got max {highest}")
         if lowest < 0:  # PAD_SLOT_ID (-1) marks padding tokens of a graph batch
             keep = slots >= 0

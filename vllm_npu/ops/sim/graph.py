@@ -279,10 +279,20 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
     they had at capture, their outputs in the graph's memory pool (torch_npu
     `csrc/core/npu/NPUGraph.cpp`: `capture_begin` allocates from the graph's `MemPool` and
     records through `aclmdlRICaptureBegin`, `replay` executes the recorded model), so the
-    outputs are written in place, never fresh tensors."""
+    outputs are written in place, never fresh tensors.
+
+    `launcher(*args, **kwargs) -> launch | None`: a task call's kernel launch, prepared
+    when the call is issued (captured, or re-issued in an update): the op's checks, then a
+    callable running its kernel on that call's addresses and the host data it copied
+    (holding no device tensor), or None where the call needs work a fixed launch cannot
+    do (converting device data) and the replay runs the op. A device runtime checks an op
+    and fixes its launch arguments when the op is issued; a replay only launches (CANN
+    `aclmdlRIExecute` runs the recorded tasks, no host code of the op runs again). Before
+    launching, a replay checks that the launch's memory is still there
+    (`task_args.DeviceRef.check`)."""
     if fn is None:
         return functools.partial(graph_op, host_args=host_args, workspace=workspace,
-                                 replay_into=replay_into)
+                                 replay_into=replay_into, launcher=launcher)
     signature = inspect.signature(fn)
     params = list(signature.parameters.values())
     kinds = inspect.Parameter

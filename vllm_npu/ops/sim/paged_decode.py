@@ -148,15 +148,26 @@ def paged_rows(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.
             or out.shape != (B, N, v.shape[3]):
         out = torch.empty(B, N, v.shape[3], dtype=torch.float32)
     lse = torch.empty(B, N, dtype=torch.float32) if want_lse else None
-    args = _Args(qf.data_ptr(), qr.data_ptr(), k.data_ptr(), kr.data_ptr(), v.data_ptr(),
-                 *k.stride()[:3], *kr.stride()[:3], *v.stride()[:3],
+    rope = query_rope.shape[2] if query_rope is not None else 0
+    _launch(_args(qf, qr, k, kr, v, table, first, lens, out, lse, rope, scale, row_of),
+            first, lens)
+    return out.to(query.dtype), lse
+
+
+def _args(q: torch.Tensor, q_rope: torch.Tensor, k: torch.Tensor, k_rope: torch.Tensor,
+          v: torch.Tensor, table: torch.Tensor, first: torch.Tensor, lens: torch.Tensor,
+          out: torch.Tensor, lse: torch.Tensor | None, rope: int, scale: float,
+          row_of: torch.Tensor | None) -> _Args:
+    """The kernel's arguments: q [B, N, D] and caches [blocks, bs, Hkv, D] as checked by
+    the caller, every tensor by address."""
+    B, N, D = q.shape
+    return _Args(q.data_ptr(), q_rope.data_ptr(), k.data_ptr(), k_rope.data_ptr(),
+                 v.data_ptr(), *k.stride()[:3], *k_rope.stride()[:3], *v.stride()[:3],
                  table.data_ptr(), table.shape[1], first.data_ptr(), lens.data_ptr(),
                  out.data_ptr(), lse.data_ptr() if lse is not None else None,
-                 B, N, num_kv_heads, D, query_rope.shape[2] if query_rope is not None else 0,
-                 v.shape[3], k.shape[1], min(k.shape[0], kr.shape[0], v.shape[0]), scale,
+                 B, N, k.shape[2], D, rope, v.shape[3], k.shape[1],
+                 min(k.shape[0], k_rope.shape[0], v.shape[0]), scale,
                  k.dtype == torch.bfloat16, row_of.data_ptr() if row_of is not None else None)
-    _launch(args, first, lens)
-    return out.to(query.dtype), lse
 
 
 def _launch(args: _Args, first: torch.Tensor, lens: torch.Tensor) -> None:
@@ -189,9 +200,5 @@ def decode_launch(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
         return None
     lens = kv_lens.to(torch.int64, copy=True).contiguous()
     first = torch.zeros_like(lens)
-    args = _Args(query.data_ptr(), query.data_ptr(), k.data_ptr(), k.data_ptr(), v.data_ptr(),
-                 *k.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                 block_table.data_ptr(), block_table.shape[1], first.data_ptr(),
-                 lens.data_ptr(), out.data_ptr(), None, B, N, num_kv_heads, D, 0, v.shape[3],
-                 k.shape[1], min(k.shape[0], v.shape[0]), scale, False, None)
+    args = _args(query, query, k, k, v, block_table, first, lens, out, None, 0, scale, None)
     return functools.partial(_launch, args, first, lens)
