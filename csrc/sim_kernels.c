@@ -249,7 +249,8 @@ static int prepare(scratch *s, const pd_args *a) {
         if (a->lens[b] - a->first[b] > longest) longest = a->lens[b] - a->first[b];
     const int64_t W = padded(a->D) + padded(a->R);
     const int64_t rows = 8 * (W > a->Dv ? W : a->Dv);
-    return grow(&s->scores, &s->cap_scores, (size_t)(a->N * longest)) |
+    /* decode rows keep scores in whole vectors of 16 (sim_decode.c) */
+    return grow(&s->scores, &s->cap_scores, (size_t)(a->N * ((longest + 15) / 16 * 16))) |
            grow(&s->q, &s->cap_q, (size_t)(a->N * W)) |
            grow(&s->rows, &s->cap_rows, (size_t)rows) |
            grow(&s->acc, &s->cap_acc, (size_t)(a->N * a->Dv));
@@ -305,8 +306,14 @@ static void drain(const pd_args *a, scratch *s) {
         return;
     }
     const int64_t items = tiles.n ? tiles.n : a->B;
-    for (int64_t item; (item = __atomic_fetch_add(&pool.next, 1, __ATOMIC_RELAXED)) < items;)
+    /* claimed one ahead, so that a decode row can prefetch the next one's first keys */
+    int64_t item = __atomic_fetch_add(&pool.next, 1, __ATOMIC_RELAXED);
+    while (item < items) {
+        const int64_t next = __atomic_fetch_add(&pool.next, 1, __ATOMIC_RELAXED);
+        s->next = tiles.n || next >= items ? -1 : next;
         run_item(a, item, s);
+        item = next;
+    }
 }
 
 static void *helper(void *arg) {

@@ -33,6 +33,8 @@ typedef struct {
     size_t cap_scores, cap_q, cap_rows, cap_acc;
     float *tile;    /* sim_prefill.c's tile buffers */
     size_t cap_tile;
+    int64_t next;   /* the decode row this thread runs next (-1: none known): its first
+                     * keys are prefetched at the end of the current row */
 } scratch;
 
 static inline int grow(float **p, size_t *cap, size_t n) {
