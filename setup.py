@@ -2,9 +2,10 @@
 
 - `csrc/hccl_sim.c` -> `vllm_npu/distributed/libhccl_sim.so`, the CPU HCCL simulator
   (`vllm_npu/distributed/hccl_library.py` loads it as it would CANN's libhccl.so);
-- `csrc/sim_kernels.c` + `csrc/sim_rows.c` -> `vllm_npu/ops/sim/libnpu_sim_kernels.so`, the
-  simulated NPU's native kernels (paged decode attention, `vllm_npu/ops/sim/paged_decode.py`;
-  RMSNorm, rotary and the KV cache scatter, `vllm_npu/ops/sim/native.py`).
+- `csrc/sim_kernels.c` + `csrc/sim_rows.c` + ... -> `vllm_npu/ops/sim/libnpu_sim_kernels.so`,
+  the simulated NPU's native kernels (paged decode attention, `vllm_npu/ops/sim/paged_decode.py`;
+  RMSNorm, rotary and the KV cache scatter, `vllm_npu/ops/sim/native.py`) and the program
+  runner that replays a graph's prepared launches in one call (`csrc/sim_program.c`).
 
 Neither is a Python extension module (no `PyInit_` symbol, their own file names).
 setuptools' build_ext compiles them for wheels, sdists built into wheels and editable
@@ -65,7 +66,7 @@ setup(
         # -ffast-math, which would set flush-to-zero for the whole process
         Extension("vllm_npu.ops.sim.libnpu_sim_kernels",
                   sources=["csrc/sim_kernels.c", "csrc/sim_prefill.c", "csrc/sim_decode.c",
-                           "csrc/sim_rows.c"],
+                           "csrc/sim_rows.c", "csrc/sim_program.c"],
                   depends=["csrc/sim_math.h", "csrc/sim_paged.h", "csrc/sim_vec.h"],
                   extra_compile_args=["-O3", *COMMON, "-fopenmp-simd", "-fno-math-errno",
                                       "-fno-trapping-math", "-Wno-psabi"],

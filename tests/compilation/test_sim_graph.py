@@ -63,9 +63,10 @@ def test_replay_recomputes_from_the_captured_input_buffers():
 def test_replayed_aten_ops_write_their_captured_outputs_in_place(monkeypatch):
     """An aten op with an `out=` overload of the same arguments replays into its captured
     buffer (as a device kernel writes its graph-pool output), `contiguous` and `to` as a
-    copy of their input into it; an op with neither runs and is copied in. Results equal
-    a fresh eager run either way. (Inference mode, as the engine captures: `linear` stays
-    one op.)"""
+    copy of their input into it; an op with neither runs and is copied in. `linear` and a
+    `contiguous` run as launches prepared at capture (the native copy: no dtype change),
+    a converting `to` through `_copy_replay`. Results equal a fresh eager run either way.
+    (Inference mode, as the engine captures: `linear` stays one op.)"""
     x, w, b = torch.randn(5, 8), torch.randn(6, 8), torch.randn(6)
 
     def forward():
@@ -79,6 +80,8 @@ def test_replayed_aten_ops_write_their_captured_outputs_in_place(monkeypatch):
                          "aten::contiguous": g._copy_replay,
                          "aten::add.Tensor": torch.ops.aten.add.out,
                          "aten::relu": torch.ops.aten.relu.out, "aten::to.dtype": g._copy_replay}
+        launched = {e.fn.name(): [x.task for x in e.launch] for e in graph.entries if e.launch}
+        assert launched == {"aten::linear": ["linear"], "aten::contiguous": ["copy"]}
         copies = []
         real_copy = g._copy_one
         monkeypatch.setattr(g, "_copy_one", lambda old, new: (copies.append(old),
@@ -88,15 +91,16 @@ def test_replayed_aten_ops_write_their_captured_outputs_in_place(monkeypatch):
         graph.replay()
         assert y.data_ptr() == before and y.dtype == torch.float64
         assert torch.equal(y, forward())
-    assert len(copies) == 2  # contiguous's and to's, each straight from its input
+    assert len(copies) == 1  # to's, straight from its input
 
 
 def test_replayed_matmuls_run_on_the_device_cores_and_the_rest_on_one_thread(monkeypatch):
     """A replay runs its matrix products (mm, bmm, ...) with torch's threads = the
     simulated device's cores and every other op on the host's single thread (vLLM's
     serving setting), which it gets back after each matmul; results equal eager. A
-    linear splits its rows over the cores itself (`replay_linear_into`): its entry keeps
-    one torch thread, and its result is the one-thread linear's."""
+    linear splits its rows over the cores itself: a launch prepared at capture
+    (`replay_linear_launch`, run by the replay's program, not as an entry) for that many
+    cores, and its result is the one-thread linear's."""
     from vllm_npu.ops.sim import cores
 
     x, w, b = torch.randn(64, 32), torch.randn(48, 32), torch.randn(48)
@@ -118,6 +122,8 @@ def test_replayed_matmuls_run_on_the_device_cores_and_the_rest_on_one_thread(mon
             graph, (y, z) = _capture(forward)
             assert [e.matmul for e in graph.entries] == [False, False, True, False, True]
             assert graph.entries[0].out_fn is sim_linear.replay_linear_into
+            (launch,) = graph.entries[0].launch
+            assert launch.task == "linear" and list(launch.args)[4:] == [64, 48, 32, 3]
             x.copy_(torch.randn(64, 32))
             graph.replay()
             assert torch.get_num_threads() == 1
@@ -129,15 +135,16 @@ def test_replayed_matmuls_run_on_the_device_cores_and_the_rest_on_one_thread(mon
         torch.testing.assert_close(z, want_z, rtol=1e-6, atol=1e-6)
     finally:
         torch.set_num_threads(before)
-    assert seen == [("aten::linear", 1), ("aten::relu", 1), ("aten::bmm", 3),
-                    ("aten::mul.Tensor", 1), ("aten::matmul", 3)]
+    assert seen == [("aten::relu", 1), ("aten::bmm", 3), ("aten::mul.Tensor", 1),
+                    ("aten::matmul", 3)]
 
 
 def test_replayed_row_ops_write_their_captured_outputs_in_place(monkeypatch):
     """The simulated row ops (RMSNorm with and without the residual add, rotary, SwiGLU)
-    replay straight into their captured outputs through `replay_into` when the native
-    kernels cover them (float32): nothing copied, the same buffers, results equal to the
-    ops run eagerly on the new inputs. bf16 is not covered: run and copied in."""
+    replay straight into their captured outputs through launches prepared at capture
+    (`replay_launch`) when the native kernels cover them (float32): nothing copied, the
+    same buffers, results equal to the ops run eagerly on the new inputs. bf16 is not
+    covered: run and copied in."""
     from vllm_npu.ops import sim
     from vllm_npu.ops.sim import native
 
@@ -158,8 +165,8 @@ def test_replayed_row_ops_write_their_captured_outputs_in_place(monkeypatch):
         buffers = inputs(dtype)
         with torch.inference_mode():
             graph, outs = _capture(lambda: forward(*buffers))
-            covered = [e for e in graph.entries if e.into is not None]
-            assert len(covered) == 4
+            covered = [e for e in graph.entries if e.launch is not None]
+            assert len(covered) == (4 if dtype == torch.float32 else 0)
             copies = []
             real_copy = g._copy_one
             monkeypatch.setattr(g, "_copy_one", lambda old, new: (copies.append(old),
@@ -174,6 +181,49 @@ def test_replayed_row_ops_write_their_captured_outputs_in_place(monkeypatch):
                 assert torch.equal(got, want)
         # the aten `cat` replays through its out overload either way
         assert len(copies) == copied, dtype
+
+
+def test_prepared_launches_run_as_one_program_and_follow_memory_that_moved(mocker):
+    """Consecutive entries with prepared launches replay as one native call (one
+    program); a weight whose storage moved since capture (sleep mode frees and restores
+    storages in place, worker/sleep.py) is prepared again from the entry's tensors, and
+    one smaller than at capture is refused before any kernel runs."""
+    from vllm_npu.ops import sim
+    from vllm_npu.ops.sim import native
+
+    if native.library() is None:
+        pytest.skip("no native kernels library (install without a C compiler)")
+    x, gamma = torch.randn(16, 32), torch.randn(32)
+    w = torch.randn(24, 32)
+
+    def forward():
+        y, _ = sim.npu_rms_norm(x, gamma, 1e-6)
+        return torch.nn.functional.linear(y, w)
+
+    def want():
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * gamma
+        return y @ w.t()
+
+    with torch.inference_mode():
+        graph, out = _capture(forward)
+        runs = mocker.spy(native.LaunchList, "__call__")
+        x.copy_(torch.randn(16, 32))
+        graph.replay()
+        assert runs.call_count == 1
+        (program,) = graph._plan[0]
+        assert [x.task for x in program.launches.launches] == ["rms_norm", "linear"]
+        torch.testing.assert_close(out, want(), rtol=1e-5, atol=1e-5)
+        saved = w.clone()
+        storage = w.untyped_storage()
+        before = storage.data_ptr()
+        storage.resize_(0)  # asleep: a replay now would read freed memory
+        with pytest.raises(NPUOpError, match="now holds 0"):
+            graph.replay()
+        storage.resize_(saved.numel() * 4 + (1 << 20))  # awake, larger: another address
+        assert storage.data_ptr() != before
+        w.copy_(saved * 2)
+        graph.replay()
+        torch.testing.assert_close(out, want(), rtol=1e-5, atol=1e-5)
 
 
 def test_host_work_inside_a_capture_is_not_replayed():
@@ -507,8 +557,11 @@ def test_a_paged_attention_task_is_checked_when_issued_and_replayed_as_its_launc
     out = torch.empty_like(query)
     graph, handle = _capture_task(lambda: _paged(query, key, value, table, lens, consts, out))
     assert handle.entries[0].launch is not None
+    from vllm_npu.ops.sim import native
+
+    assert [x.task for x in handle.entries[0].launch] == ["paged_decode"]
     op_path = mocker.spy(paged_decode, "paged_decode")
-    kernel = mocker.spy(paged_decode, "_run")
+    kernel = mocker.spy(native.LaunchList, "__call__")
     query.mul_(-0.5)  # new device data after the capture: read at replay
     want = torch.empty_like(query)
     _paged(query, key, value, table, lens, consts, want)

@@ -17,11 +17,11 @@ from vllm_npu.ops.sim import (
 )
 from vllm_npu.ops.sim.graph import graph_op
 
-# Row ops whose replays write their captured outputs in place (`replay_into`).
-npu_swiglu = graph_op(activation.npu_swiglu, replay_into=activation.swiglu_into)
-npu_rms_norm = graph_op(norm.npu_rms_norm, replay_into=norm.rms_norm_into)
-npu_add_rms_norm = graph_op(norm.npu_add_rms_norm, replay_into=norm.add_rms_norm_into)
-npu_rotary_mul = graph_op(rotary.npu_rotary_mul, replay_into=rotary.rotary_mul_into)
+# Row ops whose replays launch their kernels into the captured outputs (`replay_launch`).
+npu_swiglu = graph_op(activation.npu_swiglu, replay_launch=activation.swiglu_launch)
+npu_rms_norm = graph_op(norm.npu_rms_norm, replay_launch=norm.rms_norm_launch)
+npu_add_rms_norm = graph_op(norm.npu_add_rms_norm, replay_launch=norm.add_rms_norm_launch)
+npu_rotary_mul = graph_op(rotary.npu_rotary_mul, replay_launch=rotary.rotary_mul_launch)
 # Host-side arguments (frozen into a task at capture / update; see graph.graph_op): the
 # sequence lengths torch_npu takes as host lists (FIA `actual_seq_lengths(_kv)`, op-plugin
 # `IntArrayRef`) or host int32 tensors (ATB paged attention `context_lens`, read on the host

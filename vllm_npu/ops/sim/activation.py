@@ -20,6 +20,7 @@ def npu_swiglu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return (F.silu(a.float()) * b.float()).to(x.dtype)
 
 
-def swiglu_into(out: torch.Tensor, x: torch.Tensor, dim: int = -1) -> bool:
-    """A graph replay's in-place run (norm.rms_norm_into)."""
-    return native.swiglu(x, dim, out=out) is not None
+def swiglu_launch(out: torch.Tensor, x: torch.Tensor, dim: int = -1):
+    """A graph replay's launch into `out` (norm.rms_norm_launch)."""
+    prepared = native.swiglu_launch(x, dim, out=out)
+    return None if prepared is None else prepared[0]

@@ -61,14 +61,13 @@ def reshape_and_cache_launch(key: torch.Tensor, value: torch.Tensor, key_cache: 
     the op). The slots are device data, read at replay: one past the cache is refused
     there, before anything is written."""
     _check(key, value, key_cache, value_cache, slot_indices)
-    keys = native.scatter_launch(key, slot_indices, key_cache)
-    values = native.scatter_launch(value, slot_indices, value_cache)
-    if keys is None or values is None:
-        return None
     capacity = key_cache.shape[0] * key_cache.shape[1]
 
-    def launch() -> None:
-        if keys() != -1 or values() != -1:
-            raise NPUOpError(f"{_OP}: slot indices must be < {capacity} (negative = "
-                             "padding, skipped)")
-    return launch
+    def refused(status: int) -> None:
+        raise NPUOpError(f"{_OP}: slot indices must be < {capacity} (negative = padding, "
+                         "skipped)")
+    keys = native.scatter_launch(key, slot_indices, key_cache, refused)
+    values = native.scatter_launch(value, slot_indices, value_cache, refused)
+    if keys is None or values is None:
+        return None
+    return keys, values

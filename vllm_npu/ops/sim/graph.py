@@ -33,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
-from vllm_npu.ops.sim import cores, linear
+from vllm_npu.ops.sim import cores, graph_program, linear, native
 from vllm_npu.ops.sim.checks import NPUOpError
 from vllm_npu.ops.sim.task_args import addresses, hold, resolve
 
@@ -63,11 +63,21 @@ def _copy_replay(x: torch.Tensor, *args: Any, out: torch.Tensor, **kwargs: Any) 
     _copy_one(out, x)
 
 
+def _copy_launch(x: torch.Tensor, *args: Any, out: torch.Tensor,
+                 **kwargs: Any) -> native.Launch | None:
+    """`_copy_replay` prepared at capture where it converts nothing (native.copy_launch)."""
+    return native.copy_launch(out, x)
+
+
 # aten ops the simulator replays with a function of its own (same arguments, `out=`):
-# `linear` uses the device's cores itself
+# `linear` uses the device's cores itself; and the launches prepared for them at capture
+# (None where not covered: the replay calls the function)
 _OWN_REPLAY = {torch.ops.aten.linear.default: linear.replay_linear_into,
                torch.ops.aten.contiguous.default: _copy_replay,
                torch.ops.aten.to.dtype: _copy_replay}
+_OWN_LAUNCH = {torch.ops.aten.linear.default: linear.replay_linear_launch,
+               torch.ops.aten.contiguous.default: _copy_launch,
+               torch.ops.aten.to.dtype: _copy_launch}
 
 # Allocations recorded during capture: on a device they are graph-pool memory, not tasks;
 # the captured buffer is what the graph reads and writes at every replay.
@@ -114,16 +124,27 @@ class _Entry:
     outputs: Any = None
     task: bool = False  # a task group's call: device-tensor arguments held weakly
     out_fn: Callable[..., Any] | None = None  # writes `outputs` in place (_out_overload)
-    into: Callable[..., bool] | None = None  # a graph op's `replay_into`
     matmul: bool = False  # runs on the device's cores (_MATMULS)
-    launch: Callable[[], None] | None = None  # a task's prepared kernel (graph_op launcher)
-    refs: tuple = ()  # the addresses a launch reads and writes
+    # the prepared kernel launches (graph_op `launcher` / `replay_launch`, _OWN_LAUNCH:
+    # native.Launch, or a Python callable); None: the replay runs the op
+    launch: tuple | None = None
+    native: bool = False  # every launch a native.Launch (run in a replay's program)
+    refs: tuple = ()  # a task's addresses its launch reads and writes (DeviceRef)
+    builder: Callable[[], Any] | None = None  # prepares a non-task entry's launch again
 
-    def prepared(self, launch: Callable[[], None] | None) -> None:
-        """A task call's launch (None: the replay runs the op) and the addresses it uses."""
-        self.launch = launch
-        self.refs = () if launch is None else tuple(addresses(self.args)
-                                                    + addresses(self.kwargs))
+    def prepared(self, launch: native.Launch | tuple | None) -> None:
+        """The call's launch (None: the replay runs the op) and, for a task, the addresses
+        it uses."""
+        self.launch = launch if launch is None or isinstance(launch, tuple) else (launch,)
+        self.native = launch is not None and all(isinstance(x, native.Launch)
+                                                 for x in self.launch)
+        self.refs = () if launch is None or not self.task else tuple(
+            addresses(self.args) + addresses(self.kwargs))
+
+    def prepare(self, builder: Callable[[], Any]) -> None:
+        """A non-task entry's launch, built now and again whenever its memory moved."""
+        self.builder = builder
+        self.prepared(builder())
 
     def run(self) -> None:
         if self.matmul:
@@ -136,13 +157,12 @@ class _Entry:
         if self.launch is not None:
             for ref in self.refs:
                 ref.check(self.fn.__name__)
-            self.launch()
+            for launch in self.launch:
+                launch()
             return
         args, kwargs = self.args, self.kwargs
         if self.out_fn is not None:
             self.out_fn(*args, **kwargs, out=self.outputs)
-            return
-        if self.into is not None and self.into(self.outputs, *args, **kwargs):
             return
         if self.task:
             name = self.fn.__name__
@@ -205,8 +225,11 @@ class _Recorder(TorchDispatchMode):
         else:
             own = _OWN_REPLAY.get(func) if type(out) is torch.Tensor else None
             in_place = own or (_out_overload(func) if type(out) is torch.Tensor else None)
-            self.graph.entries.append(_Entry(func, args, kwargs, out, out_fn=in_place,
-                                             matmul=own is None and func.name() in _MATMULS))
+            entry = _Entry(func, args, kwargs, out, out_fn=in_place,
+                           matmul=own is None and func.name() in _MATMULS)
+            if own is not None:
+                entry.prepare(functools.partial(_OWN_LAUNCH[func], *args, out=out, **kwargs))
+            self.graph.entries.append(entry)
         return out
 
 
@@ -219,11 +242,13 @@ class SimGraph:
         self.tasks: list[TaskHandle] = []
         self.replays = 0
         self._recorder: _Recorder | None = None
+        self._plan: tuple | None = None  # graph_program.plan's steps, storages, programs
 
     def capture_begin(self, pool: Any = None) -> None:
         if _state.capturing is not None:
             raise RuntimeError("a simulated graph is already capturing")
         self.entries, self.static, self.tasks = [], [], []
+        self._plan = None
         self._recorder = _Recorder(self)
         self._recorder.__enter__()
         _state.capturing = self
@@ -242,20 +267,35 @@ class SimGraph:
             raise RuntimeError("cannot replay while a graph is capturing")
         # Recorded aten calls are below __torch_function__: a parameter subclass's
         # override (vLLM's BasevLLMParameter) already ran at capture, not again per replay.
+        if self._plan is None:
+            self._plan = graph_program.plan(self.entries, self.static)
+        if not graph_program.unmoved(self._plan[1]):
+            for entry in self.entries:  # memory moved (sleep mode): launches prepared again
+                if entry.builder is not None:
+                    entry.prepare(entry.builder)
+            self._plan = graph_program.plan(self.entries, self.static)
         with torch.inference_mode(), torch._C.DisableTorchFunctionSubclass():
-            for entry in self.entries:
-                entry.run()
+            for step in self._plan[0]:
+                step.run()
         self.replays += 1
+
+    def relaunched(self, entry: _Entry) -> None:
+        """A task entry's launch replaced by an update: patched into its program (planned
+        again where it does not fit)."""
+        if self._plan is not None:
+            program = self._plan[2].get(id(entry))
+            if program is None or not program.replace(entry):
+                self._plan = None
 
     def reset(self) -> None:
         self.entries, self.static, self.tasks = [], [], []
+        self._plan = None
 
 
 def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...] = (),
              workspace: bool = False,
-             replay_into: Callable[..., bool] | None = None,
-             launcher: Callable[..., Callable[[], None] | None] | None = None
-             ) -> Callable[..., Any]:
+             replay_launch: Callable[..., Any] | None = None,
+             launcher: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """Make a simulated op graph-aware: recorded as one entry under capture (a task's
     entry inside a task group), and captured into a task update inside one.
 
@@ -272,27 +312,29 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
     vllm-ascend passes `_npu_fused_infer_attention_score_get_max_workspace` /
     `_npu_paged_attention_get_workspace` results in its graph paths).
 
-    `replay_into(outputs, *args, **kwargs) -> bool`: how a replay of a call recorded
-    outside task groups computes straight into its captured outputs, False where it does
-    not cover the case; otherwise, and for tasks, the replay runs the op and copies its
-    results in. On the device a replay re-launches the captured kernels on the addresses
+    `replay_launch(outputs, *args, **kwargs) -> native.Launch | None`: the kernel launch
+    of a call recorded outside task groups, prepared at capture on its arguments and
+    writing straight into its captured outputs; None where it does not cover the case
+    (the replay then runs the op and copies its results in, as for a task without a
+    launcher). On the device a replay re-launches the captured kernels on the addresses
     they had at capture, their outputs in the graph's memory pool (torch_npu
     `csrc/core/npu/NPUGraph.cpp`: `capture_begin` allocates from the graph's `MemPool` and
     records through `aclmdlRICaptureBegin`, `replay` executes the recorded model), so the
     outputs are written in place, never fresh tensors.
 
-    `launcher(*args, **kwargs) -> launch | None`: a task call's kernel launch, prepared
-    when the call is issued (captured, or re-issued in an update): the op's checks, then a
-    callable running its kernel on that call's addresses and the host data it copied
-    (holding no device tensor), or None where the call needs work a fixed launch cannot
-    do (converting device data) and the replay runs the op. A device runtime checks an op
-    and fixes its launch arguments when the op is issued; a replay only launches (CANN
-    `aclmdlRIExecute` runs the recorded tasks, no host code of the op runs again). Before
-    launching, a replay checks that the launch's memory is still there
-    (`task_args.DeviceRef.check`)."""
+    `launcher(*args, **kwargs) -> launch | None`: a task call's kernel launches
+    (`native.Launch`, or a tuple of them), prepared when the call is issued (captured, or
+    re-issued in an update): the op's checks, then its kernels on that call's addresses
+    and the host data it copied (holding no device tensor), or None where the call needs
+    work a fixed launch cannot do (converting device data) and the replay runs the op. A
+    device runtime checks an op and fixes its launch arguments when the op is issued; a
+    replay only launches (CANN `aclmdlRIExecute` runs the recorded tasks, no host code of
+    the op runs again). Before launching, a replay checks that the launch's memory is
+    still there (`task_args.DeviceRef.check`; graph_program.py for the other launches).
+    Consecutive launches run in one native call (graph_program.py)."""
     if fn is None:
         return functools.partial(graph_op, host_args=host_args, workspace=workspace,
-                                 replay_into=replay_into, launcher=launcher)
+                                 replay_launch=replay_launch, launcher=launcher)
     signature = inspect.signature(fn)
     params = list(signature.parameters.values())
     kinds = inspect.Parameter
@@ -359,10 +401,12 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
             # copies of its host arguments) are not recorded
             kept_args, kept_kwargs, layouts = held(args, kwargs, task is not None)
             out = fn(*args, **kwargs)
-            entry = _Entry(fn, kept_args, kept_kwargs, out, task is not None,
-                           into=None if task is not None else replay_into)
+            entry = _Entry(fn, kept_args, kept_kwargs, out, task is not None)
             if task is not None and launcher is not None:
                 entry.prepared(launcher(*args, **kwargs))
+            elif task is None and replay_launch is not None:
+                entry.prepare(functools.partial(replay_launch, out, *kept_args,
+                                                **kept_kwargs))
         if task is not None:
             given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
                      if isinstance(t, torch.Tensor)}
@@ -454,6 +498,7 @@ def graph_task_update_end(stream: Any = None) -> None:
     for entry, (_, args, kwargs, _, launch) in zip(handle.entries, calls):
         entry.args, entry.kwargs = args, kwargs
         entry.prepared(launch)
+        handle.graph.relaunched(entry)
     handle.updates += 1
 
 

@@ -54,6 +54,15 @@ def replay_linear_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
         return torch.ops.aten.linear.out(x, weight, bias, out=out)
 
 
+def replay_linear_launch(x: torch.Tensor, weight: torch.Tensor,
+                         bias: torch.Tensor | None = None, *,
+                         out: torch.Tensor) -> native.Launch | None:
+    """`replay_linear_into` prepared at capture (graph.py): the rows split over the
+    device's cores, or None (the replay then runs `replay_linear_into`)."""
+    threads = cores.device_cores()
+    return native.linear_launch(x, weight, bias, out, threads) if threads > 1 else None
+
+
 def device_linear(x: torch.Tensor, weight: torch.Tensor,
                   bias: torch.Tensor | None = None) -> torch.Tensor:
     """`linear` on the device's cores from wherever it is called (vLLM's logits projection

@@ -1,7 +1,8 @@
 """The simulated NPU's native kernels library (`csrc/sim_kernels.c`, `csrc/sim_rows.c`),
 loaded with ctypes, and its row kernels: RMSNorm with the residual add, rotary multiply,
-SwiGLU and the KV cache scatter; and a replay's linears split by rows over torch's OpenMP
-team.
+SwiGLU and the KV cache scatter; a replay's linears split by rows over torch's OpenMP
+team; and prepared launches (`Launch`), which a graph replay runs in one call
+(`run_launches`, `csrc/sim_program.c`).
 
 Each wrapper takes what the PyTorch op in norm.py / rotary.py / activation.py / cache.py
 has already checked (the device's rules are enforced there, before any call here) and
@@ -14,32 +15,98 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import struct
 from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import torch
 
 LIBRARY = Path(__file__).with_name("libnpu_sim_kernels.so")
-_i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 _I64x16 = _i64 * 16
 
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The loaded library with its row kernels' signatures, or None without one."""
+    """The loaded library with its entry points' signatures, or None without one (the row
+    kernels are called through their tasks, `Launch`)."""
     if not LIBRARY.exists():
         return None
     lib = ctypes.CDLL(str(LIBRARY))
-    lib.npu_sim_rms_norm.argtypes = [_ptr] * 6 + [_i64, _i64, _f32]
-    lib.npu_sim_rms_norm.restype = None
-    lib.npu_sim_rotary_mul.argtypes = [_ptr] * 5 + [ctypes.c_int32]
-    lib.npu_sim_rotary_mul.restype = None
-    lib.npu_sim_swiglu.argtypes = [_ptr, _ptr, _i64, _i64]
-    lib.npu_sim_swiglu.restype = None
-    lib.npu_sim_scatter_rows.argtypes = [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64]
-    lib.npu_sim_scatter_rows.restype = _i64
     lib.npu_sim_linear.argtypes = [_ptr] * 4 + [_i64, _i64, _i64, ctypes.c_int]
     lib.npu_sim_linear.restype = ctypes.c_int
+    lib.npu_sim_run.argtypes = [_ptr, _ptr, _i64, ctypes.POINTER(_i64)]
+    lib.npu_sim_run.restype = _i64
     return lib
+
+
+# ---- prepared launches -------------------------------------------------------------------
+
+_TASK = ctypes.CFUNCTYPE(_i64, _ptr)
+
+
+@functools.cache
+def _task(name: str) -> tuple[Callable[[Any], int], int]:
+    """The library's task function `npu_sim_task_<name>`: callable, and its address."""
+    address = ctypes.cast(getattr(library(), f"npu_sim_task_{name}"), _ptr).value
+    return _TASK(address), address
+
+
+def _slot(value: int | float | None) -> int:
+    if isinstance(value, float):
+        return struct.unpack("q", struct.pack("d", value))[0]
+    return 0 if value is None else int(value)
+
+
+class Launch:
+    """One kernel's launch with every argument fixed when the op is issued: its task
+    function (`csrc/sim_program.c`) and argument slots (addresses, sizes, doubles' bits).
+
+    `keep` holds what the slots point at and no tensor owns (host copies, argument
+    structs); `tensors`, the device tensors whose memory the launch addresses where the
+    caller holds them (a replay checks their storages have not moved, graph.py); `error`
+    raises the op's error for a nonzero status. Calling it launches it alone."""
+    __slots__ = ("task", "address", "args", "keep", "tensors", "error")
+
+    def __init__(self, task: str, values: Sequence[int | float | None], *, keep: tuple = (),
+                 tensors: tuple = (), error: Callable[[int], None] | None = None) -> None:
+        self.task = task
+        self.address = _task(task)[1]
+        self.args = (_i64 * len(values))(*map(_slot, values))
+        self.keep, self.tensors, self.error = keep, tensors, error
+
+    def fail(self, status: int) -> None:
+        if self.error is not None:
+            self.error(status)
+        raise RuntimeError(f"simulated NPU kernel {self.task} failed with status {status}")
+
+    def __call__(self) -> None:
+        status = _task(self.task)[0](self.args)
+        if status:
+            self.fail(status)
+
+
+class LaunchList:
+    """Launches run in order by one native call (`npu_sim_run`); built once, slots
+    replaceable (a task update's new launches)."""
+
+    def __init__(self, launches: list[Launch]) -> None:
+        self.launches = launches
+        n = len(launches)
+        self.fns = (_ptr * n)(*(x.address for x in launches))
+        self.argv = (_ptr * n)(*(ctypes.addressof(x.args) for x in launches))
+        self.status = _i64()
+
+    def replace(self, i: int, launch: Launch) -> None:
+        self.launches[i] = launch
+        self.fns[i] = launch.address
+        self.argv[i] = ctypes.addressof(launch.args)
+
+    def __call__(self) -> None:
+        n = len(self.launches)
+        done = library().npu_sim_run(self.fns, self.argv, n, ctypes.byref(self.status))
+        if done < n:
+            self.launches[done].fail(self.status.value)
 
 
 def _f32_contiguous(*tensors: torch.Tensor) -> bool:
@@ -58,39 +125,68 @@ def rms_norm(x1: torch.Tensor, x2: torch.Tensor | None, gamma: torch.Tensor, eps
              out: tuple | None = None):
     """(y, rstd, x1 + x2 or None) for float32 contiguous inputs; None otherwise. `out`:
     (y, rstd[, xsum]) to write instead of new tensors."""
-    lib = library()
+    prepared = rms_norm_launch(x1, x2, gamma, eps, out)
+    if prepared is None:
+        return None
+    prepared[0]()
+    return prepared[1]
+
+
+def rms_norm_launch(x1: torch.Tensor, x2: torch.Tensor | None, gamma: torch.Tensor,
+                    eps: float, out: tuple | None = None):
+    """`rms_norm` prepared: (its Launch, its outputs), or None where not covered."""
     inputs = (x1, gamma) if x2 is None else (x1, x2, gamma)
-    if lib is None or not _f32_contiguous(*inputs) or x1.numel() == 0:
+    if library() is None or not _f32_contiguous(*inputs) or x1.numel() == 0:
         return None
     cols = gamma.numel()
-    rows = x1.numel() // cols
     given = tuple(out or ()) + (None,) * 3
     y = _dest(given[0], x1.shape)
     rstd = _dest(given[1], (*x1.shape[:x1.dim() - gamma.dim()], *([1] * gamma.dim())))
     xsum = _dest(given[2], x1.shape) if x2 is not None else None
     if y is None or rstd is None or (x2 is not None and xsum is None):
         return None
-    lib.npu_sim_rms_norm(x1.data_ptr(), None if x2 is None else x2.data_ptr(),
-                         gamma.data_ptr(), y.data_ptr(), rstd.data_ptr(),
-                         None if xsum is None else xsum.data_ptr(), rows, cols, eps)
-    return y, rstd, xsum
+    tensors = tuple(t for t in (x1, x2, gamma, y, rstd, xsum) if t is not None)
+    launch = Launch("rms_norm", [_address(x1), _address(x2), gamma.data_ptr(), y.data_ptr(),
+                                 rstd.data_ptr(), _address(xsum), x1.numel() // cols, cols,
+                                 float(eps)], tensors=tensors)
+    return launch, (y, rstd, xsum)
+
+
+def _address(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 def rotary_mul(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor,
                interleave: bool, out: torch.Tensor | None = None) -> torch.Tensor | None:
     """x * r1 + rotate(x) * r2 for 4-D float32 x (r1/r2 broadcast to it, every last dim
     contiguous), into `out` where given; None otherwise."""
-    lib = library()
-    if lib is None or any(t.dtype != torch.float32 or t.stride(3) != 1 for t in (x, r1, r2)):
+    prepared = rotary_mul_launch(x, r1, r2, interleave, out)
+    if prepared is None:
+        return None
+    launch, out = prepared
+    if launch is not None:
+        launch()
+    return out
+
+
+def rotary_mul_launch(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor,
+                      interleave: bool, out: torch.Tensor | None = None):
+    """`rotary_mul` prepared: (its Launch, or None for an empty x; its output), or None
+    where not covered."""
+    if library() is None or any(t.dtype != torch.float32 or t.stride(3) != 1
+                                for t in (x, r1, r2)):
         return None
     out = _dest(out, x.shape)
-    if out is None or out.numel() == 0:
-        return out
+    if out is None:
+        return None
+    if out.numel() == 0:
+        return None, out
     # shape, then x's, r1's and r2's strides (0 along a broadcast dim): one array
     dims = _I64x16(*x.shape, *x.stride(), *_broadcast_strides(r1), *_broadcast_strides(r2))
-    lib.npu_sim_rotary_mul(x.data_ptr(), r1.data_ptr(), r2.data_ptr(), out.data_ptr(),
-                           dims, int(interleave))
-    return out
+    launch = Launch("rotary_mul", [x.data_ptr(), r1.data_ptr(), r2.data_ptr(), out.data_ptr(),
+                                   ctypes.addressof(dims), int(interleave)],
+                    keep=(dims,), tensors=(x, r1, r2, out))
+    return launch, out
 
 
 def _broadcast_strides(t: torch.Tensor) -> tuple[int, ...]:
@@ -100,15 +196,28 @@ def _broadcast_strides(t: torch.Tensor) -> tuple[int, ...]:
 def swiglu(x: torch.Tensor, dim: int, out: torch.Tensor | None = None) -> torch.Tensor | None:
     """silu(first half) * second half along the last dim of a float32 contiguous x, into
     `out` where given; None otherwise."""
-    lib = library()
-    if lib is None or x.dtype != torch.float32 or not x.is_contiguous() or x.dim() == 0 \
-            or dim not in (-1, x.dim() - 1):
+    prepared = swiglu_launch(x, dim, out)
+    if prepared is None:
+        return None
+    launch, out = prepared
+    if launch is not None:
+        launch()
+    return out
+
+
+def swiglu_launch(x: torch.Tensor, dim: int, out: torch.Tensor | None = None):
+    """`swiglu` prepared: (its Launch, or None for an empty output; the output), or None
+    where not covered."""
+    if library() is None or x.dtype != torch.float32 or not x.is_contiguous() \
+            or x.dim() == 0 or dim not in (-1, x.dim() - 1):
         return None
     out = _dest(out, (*x.shape[:-1], x.shape[-1] // 2))
-    if out is not None and out.numel():
-        lib.npu_sim_swiglu(x.data_ptr(), out.data_ptr(), out.numel() // out.shape[-1],
-                           out.shape[-1])
-    return out
+    if out is None:
+        return None
+    if not out.numel():
+        return None, out
+    return Launch("swiglu", [x.data_ptr(), out.data_ptr(), out.numel() // out.shape[-1],
+                             out.shape[-1]], tensors=(x, out)), out
 
 
 def scatter_rows(src: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor) -> int | None:
@@ -118,21 +227,22 @@ def scatter_rows(src: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor) ->
     src's dtype, slots int32 [T] contiguous. Returns -1 when written, the index of the
     first slot >= capacity when refused (nothing written), None when not covered."""
     launch = scatter_launch(src, slots, cache)
-    return None if launch is None else launch()
+    if launch is None:
+        return None
+    return _task("scatter")[0](launch.args) - 1
 
 
-def scatter_launch(src: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor):
-    """`scatter_rows` with its arguments fixed (the tensors by address): a callable
-    returning what scatter_rows returns, or None when not covered."""
-    lib = library()
+def scatter_launch(src: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor,
+                   error: Callable[[int], None] | None = None) -> Launch | None:
+    """`scatter_rows` prepared (the tensors by address; a nonzero status is 1 + the index
+    of the first slot past the cache, passed to `error`), or None when not covered."""
     row = src[0].numel() if src.shape[0] else 0
-    if lib is None or src.dim() < 2 or not slots.is_contiguous() or not src.shape[0] \
+    if library() is None or src.dim() < 2 or not slots.is_contiguous() or not src.shape[0] \
             or not src[0].is_contiguous() or src.dtype != cache.dtype:
         return None
-    return functools.partial(lib.npu_sim_scatter_rows, src.data_ptr(),
-                             src.stride(0) * src.element_size(), slots.data_ptr(),
-                             src.shape[0], cache.data_ptr(), row * src.element_size(),
-                             cache.numel() // row)
+    return Launch("scatter", [src.data_ptr(), src.stride(0) * src.element_size(),
+                              slots.data_ptr(), src.shape[0], cache.data_ptr(),
+                              row * src.element_size(), cache.numel() // row], error=error)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -147,6 +257,29 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             or (bias is not None and bias.shape != (weight.shape[0],)) or not x.numel() \
             or not out.numel():
         return False
-    return lib.npu_sim_linear(x.data_ptr(), weight.data_ptr(),
-                              None if bias is None else bias.data_ptr(), out.data_ptr(),
+    return lib.npu_sim_linear(x.data_ptr(), weight.data_ptr(), _address(bias), out.data_ptr(),
                               x.shape[0], weight.shape[0], x.shape[1], threads) == 0
+
+
+def linear_launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  out: torch.Tensor, threads: int) -> Launch | None:
+    """`linear` prepared, or None where it does not cover the case (checked by running it
+    once: the library finds GNU OpenMP and MKL when first called)."""
+    if not linear(x, weight, bias, out, threads):
+        return None
+    tensors = (x, weight, out) if bias is None else (x, weight, bias, out)
+    return Launch("linear", [x.data_ptr(), weight.data_ptr(), _address(bias), out.data_ptr(),
+                             x.shape[0], weight.shape[0], x.shape[1], threads], tensors=tensors)
+
+
+def copy_launch(out: torch.Tensor, src: torch.Tensor) -> Launch | None:
+    """out = src for a contiguous `out` of src's shape and dtype, src of up to 4 dims with
+    any strides (a replayed `contiguous`); None otherwise."""
+    if library() is None or out.dtype != src.dtype or out.shape != src.shape \
+            or not out.is_contiguous() or not 1 <= src.dim() <= 4 or not src.numel():
+        return None
+    pad = 4 - src.dim()
+    sizes = (1,) * pad + tuple(src.shape)
+    strides = (0,) * pad + tuple(src.stride())
+    return Launch("copy", [out.data_ptr(), src.data_ptr(), src.element_size(), 4, *sizes,
+                           *strides], tensors=(out, src))

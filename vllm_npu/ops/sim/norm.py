@@ -53,14 +53,16 @@ def npu_add_rms_norm(x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor,
     return y, rstd, x
 
 
-# Graph replays write the captured outputs in place (graph.graph_op `replay_into`): the
-# arguments are the captured ones, already checked at capture. False: not covered, the
+# A graph replay's launch into the captured outputs (graph.graph_op `replay_launch`),
+# prepared at capture from the captured (checked) arguments. None: not covered, the
 # replay runs the op and copies its results in.
-def rms_norm_into(outputs: tuple, x: torch.Tensor, gamma: torch.Tensor,
-                  epsilon: float = 1e-6) -> bool:
-    return native.rms_norm(x, None, gamma, epsilon, out=outputs) is not None
+def rms_norm_launch(outputs: tuple, x: torch.Tensor, gamma: torch.Tensor,
+                    epsilon: float = 1e-6) -> native.Launch | None:
+    prepared = native.rms_norm_launch(x, None, gamma, epsilon, out=outputs)
+    return None if prepared is None else prepared[0]
 
 
-def add_rms_norm_into(outputs: tuple, x1: torch.Tensor, x2: torch.Tensor,
-                      gamma: torch.Tensor, epsilon: float = 1e-6) -> bool:
-    return native.rms_norm(x1, x2, gamma, epsilon, out=outputs) is not None
+def add_rms_norm_launch(outputs: tuple, x1: torch.Tensor, x2: torch.Tensor,
+                        gamma: torch.Tensor, epsilon: float = 1e-6) -> native.Launch | None:
+    prepared = native.rms_norm_launch(x1, x2, gamma, epsilon, out=outputs)
+    return None if prepared is None else prepared[0]

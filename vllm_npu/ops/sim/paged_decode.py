@@ -173,6 +173,11 @@ def _args(q: torch.Tensor, q_rope: torch.Tensor, k: torch.Tensor, k_rope: torch.
 def _launch(args: _Args, first: torch.Tensor, lens: torch.Tensor) -> None:
     """Runs the kernel on `args` (whose first / lens pointers are these tensors')."""
     status = _run(args) if args.B else 0
+    if status:
+        _failed(args, first, lens, status)
+
+
+def _failed(args: _Args, first: torch.Tensor, lens: torch.Tensor, status: int) -> None:
     if status == -1:
         raise MemoryError(f"paged_decode: no scratch memory for {args.B} requests of up to "
                           f"{int((lens - first).max())} keys")
@@ -187,7 +192,7 @@ def decode_launch(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
                   scale: float, out: torch.Tensor):
     """`paged_decode(..., out=out, want_lse=False)` prepared for a graph task (see
     graph.graph_op's `launcher`): the kernel's arguments fixed now, tensors by address and
-    kv_lens copied (host data); the callable returned only launches. None where a replay
+    kv_lens copied (host data); the `native.Launch` returned only launches. None where a replay
     would have to convert device data first (query or out not float32 contiguous, the
     table not int32 contiguous, out not the result's shape) or without the kernel."""
     B, N, D = query.shape
@@ -201,4 +206,6 @@ def decode_launch(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
     lens = kv_lens.to(torch.int64, copy=True).contiguous()
     first = torch.zeros_like(lens)
     args = _args(query, query, k, k, v, block_table, first, lens, out, None, 0, scale, None)
-    return functools.partial(_launch, args, first, lens)
+    return native.Launch("paged_decode", [ctypes.addressof(args), cores.device_cores()],
+                         keep=(args, first, lens),
+                         error=functools.partial(_failed, args, first, lens))

@@ -46,7 +46,8 @@ def npu_rotary_mul(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor,
     return out.to(x.dtype)
 
 
-def rotary_mul_into(out: torch.Tensor, x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor,
-                    rotary_mode: str = "half") -> bool:
-    """A graph replay's in-place run (norm.rms_norm_into)."""
-    return native.rotary_mul(x, r1, r2, rotary_mode == "interleave", out=out) is not None
+def rotary_mul_launch(out: torch.Tensor, x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor,
+                      rotary_mode: str = "half"):
+    """A graph replay's launch into `out` (norm.rms_norm_launch)."""
+    prepared = native.rotary_mul_launch(x, r1, r2, rotary_mode == "interleave", out=out)
+    return None if prepared is None else prepared[0]
