@@ -392,6 +392,18 @@ static void find_gomp(void) {
 
 static void team_member(void *arg) { drain(arg, &scratches[gomp_thread_num()]); }
 
+/* fn(arg) on `threads` members of torch's OpenMP team (sim_gemm.c): 0, or -3 without GNU
+ * OpenMP (nothing run). */
+__attribute__((visibility("hidden"))) int sim_team_run(void (*fn)(void *), void *arg,
+                                                       unsigned threads) {
+    pthread_once(&gomp_once, find_gomp);
+    if (!gomp_parallel) return -3;
+    gomp_parallel(fn, arg, threads, 0);
+    return 0;
+}
+
+__attribute__((visibility("hidden"))) int sim_team_member(void) { return gomp_thread_num(); }
+
 /* Runs the call on torch's OpenMP team: 0 / -1 / -2 as npu_sim_paged_decode, or -3 when
  * no GNU OpenMP runtime is loaded (the caller then uses npu_sim_paged_decode). */
 EXPORT int npu_sim_paged_decode_team(const pd_args *a, int threads) {

@@ -100,7 +100,7 @@ def test_replayed_matmuls_run_on_the_device_cores_and_the_rest_on_one_thread(mon
     serving setting), which it gets back after each matmul; results equal eager. A
     linear splits its rows over the cores itself: a launch prepared at capture
     (`replay_linear_launch`, run by the replay's program, not as an entry) for that many
-    cores, and its result is the one-thread linear's."""
+    cores, and its result is the one-thread linear's within float32 rounding."""
     from vllm_npu.ops.sim import cores
 
     x, w, b = torch.randn(64, 32), torch.randn(48, 32), torch.randn(48)
@@ -131,8 +131,9 @@ def test_replayed_matmuls_run_on_the_device_cores_and_the_rest_on_one_thread(mon
                                        torch.nn.functional.linear(x, w, b), rtol=1e-6,
                                        atol=1e-5)
             want_y, want_z = forward()
-        torch.testing.assert_close(y, want_y, rtol=1e-6, atol=1e-6)
-        torch.testing.assert_close(z, want_z, rtol=1e-6, atol=1e-6)
+        # the replayed linear sums in another order than torch's (float32 rounding)
+        torch.testing.assert_close(y, want_y, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(z, want_z, rtol=1e-5, atol=1e-4)
     finally:
         torch.set_num_threads(before)
     assert seen == [("aten::relu", 1), ("aten::bmm", 3), ("aten::mul.Tensor", 1),

@@ -46,13 +46,14 @@ def test_without_onednn_everything_is_f_linear(monkeypatch):
 
 
 @pytest.mark.parametrize("rows,out_dim,in_dim", [(128, 256, 128), (7, 408, 128), (1, 5, 3),
-                                                 (129, 96, 40)])
+                                                 (129, 96, 40), (9, 30, 32)])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_replayed_linear_splits_rows_bitwise_as_one_thread(rows, out_dim, in_dim, with_bias,
-                                                            monkeypatch):
-    """A replay's linear: rows split over 1, 2 and 3 cores (MKL's sgemm per part of at
-    least 16 rows, on torch's OpenMP team) write the captured output equal to F.linear on
-    one thread (bitwise on this project's host), torch left at its one thread."""
+def test_replayed_linear_on_the_device_cores_matches_linear(rows, out_dim, in_dim, with_bias,
+                                                             monkeypatch):
+    """A replay's linear on 1, 2 and 3 cores (csrc/sim_gemm.c, output columns split, where
+    the inner dim is whole vectors of 16; otherwise MKL's sgemm per part of at least 16
+    rows; on torch's OpenMP team) writes the captured output equal to F.linear within
+    float32 rounding, torch left at its one thread."""
     from vllm_npu.ops.sim import native
 
     if native.library() is None:

@@ -33,8 +33,6 @@ def library() -> ctypes.CDLL | None:
     if not LIBRARY.exists():
         return None
     lib = ctypes.CDLL(str(LIBRARY))
-    lib.npu_sim_linear.argtypes = [_ptr] * 4 + [_i64, _i64, _i64, ctypes.c_int]
-    lib.npu_sim_linear.restype = ctypes.c_int
     lib.npu_sim_run.argtypes = [_ptr, _ptr, _i64, ctypes.POINTER(_i64)]
     lib.npu_sim_run.restype = _i64
     return lib
@@ -50,6 +48,10 @@ def _task(name: str) -> tuple[Callable[[Any], int], int]:
     """The library's task function `npu_sim_task_<name>`: callable, and its address."""
     address = ctypes.cast(getattr(library(), f"npu_sim_task_{name}"), _ptr).value
     return _TASK(address), address
+
+
+def _slots(*values: int | float | None) -> ctypes.Array:
+    return (_i64 * len(values))(*map(_slot, values))
 
 
 def _slot(value: int | float | None) -> int:
@@ -72,7 +74,7 @@ class Launch:
                  tensors: tuple = (), error: Callable[[int], None] | None = None) -> None:
         self.task = task
         self.address = _task(task)[1]
-        self.args = (_i64 * len(values))(*map(_slot, values))
+        self.args = _slots(*values)
         self.keep, self.tensors, self.error = keep, tensors, error
 
     def fail(self, status: int) -> None:
@@ -247,18 +249,19 @@ def scatter_launch(src: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor,
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
            out: torch.Tensor, threads: int) -> bool:
-    """out = x . weight^T (+ bias) on `threads` of torch's OpenMP team, rows split between
-    them (`npu_sim_linear`); False where it does not cover the case (no library, GNU
-    OpenMP or MKL; not 2-D float32 contiguous), written nothing then."""
-    lib = library()
+    """out = x . weight^T (+ bias) on `threads` of torch's OpenMP team: `npu_sim_gemm`
+    (csrc/sim_gemm.c) where the inner dim is whole vectors of 16, else MKL's sgemm on
+    rows split between them (`npu_sim_linear`); False where it does not cover the case
+    (no library, GNU OpenMP or MKL; not 2-D float32 contiguous), written nothing then."""
     tensors = (x, weight, out) if bias is None else (x, weight, bias, out)
-    if lib is None or not _f32_contiguous(*tensors) or x.dim() != 2 or weight.dim() != 2 \
+    if library() is None or not _f32_contiguous(*tensors) or x.dim() != 2 or weight.dim() != 2 \
             or out.shape != (x.shape[0], weight.shape[0]) or x.shape[1] != weight.shape[1] \
             or (bias is not None and bias.shape != (weight.shape[0],)) or not x.numel() \
             or not out.numel():
         return False
-    return lib.npu_sim_linear(x.data_ptr(), weight.data_ptr(), _address(bias), out.data_ptr(),
-                              x.shape[0], weight.shape[0], x.shape[1], threads) == 0
+    return _task("linear")[0](_slots(x.data_ptr(), weight.data_ptr(), _address(bias),
+                                     out.data_ptr(), x.shape[0], weight.shape[0], x.shape[1],
+                                     threads)) == 0
 
 
 def linear_launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
