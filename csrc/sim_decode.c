@@ -23,23 +23,6 @@
 
 #define DC 16  /* keys per chunk: one vector of scores */
 
-/* One round of the transposing sum: lanes of x and y added in pairs `w` apart, x's sums
- * in the first half of each block of 2w lanes, y's in the second. */
-#define FOLD(x, y, lo, hi) (__builtin_shuffle((x), (y), (lo)) + __builtin_shuffle((x), (y), (hi)))
-
-/* [sum(p[0]), ..., sum(p[15])] where p[i] holds its lanes at slot rev(i) of the input:
- * four rounds of FOLD leave the sum of input slot s in lane rev(s) (rev: 4-bit reversal),
- * so callers store key i's partial products at slot REV[i]. */
-static const int REV[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
-
-static inline v16 hsum16(const v16 p[16]) {
-    v16 u[8], t[4], r[2];
-    for (int i = 0; i < 8; i++) u[i] = FOLD(p[2 * i], p[2 * i + 1], LO8, HI8);
-    for (int i = 0; i < 4; i++) t[i] = FOLD(u[2 * i], u[2 * i + 1], LO4, HI4);
-    for (int i = 0; i < 2; i++) r[i] = FOLD(t[2 * i], t[2 * i + 1], LO2, HI2);
-    return FOLD(r[0], r[1], LO1, HI1);
-}
-
 /* Token rows 4 KiB apart (8 KV heads of 128, say) put a chunk's 16 rows of a head into
  * one L1 set: measured 1.4x slower than the general kernel (64 x 576 keys, 8 x 128),
  * which reads 8 rows at a time; those stay there. */
@@ -91,38 +74,6 @@ static inline __attribute__((always_inline)) void prefetch_kv(const pd_args *a,
     }
     if (count > 0)
         prefetch_cache(a, a->v, a->v_blk, a->v_tok, vspan, blocks, lo + u - n, count);
-}
-
-/* lane rotations within blocks of 16, 8, 4, 2: four rounds of an operation against the
- * rotated copy leave its reduction over all 16 lanes in every lane */
-static const v16i ROT8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
-static const v16i ROT4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
-static const v16i ROT2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
-static const v16i ROT1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
-
-static inline float hmax16(v16 x) {
-    x = max16(x, __builtin_shuffle(x, ROT8));
-    x = max16(x, __builtin_shuffle(x, ROT4));
-    x = max16(x, __builtin_shuffle(x, ROT2));
-    return max16(x, __builtin_shuffle(x, ROT1))[0];
-}
-
-static inline float hadd16(v16 x) {
-    x += __builtin_shuffle(x, ROT8);
-    x += __builtin_shuffle(x, ROT4);
-    x += __builtin_shuffle(x, ROT2);
-    return (x + __builtin_shuffle(x, ROT1))[0];
-}
-
-/* exp_nonpositive (sim_math.h) on 16 lanes: the same steps, floor through truncation */
-static inline v16 exp16(v16 x) {
-    x = max16(x, (v16){0} - 87.0f);
-    const v16 t = x * 1.44269504088896341f + 0.5f;
-    v16i ki = __builtin_convertvector(t, v16i);               /* toward zero */
-    ki += (v16i)(__builtin_convertvector(ki, v16) > t);       /* -1 where that rounded up */
-    const v16 k = __builtin_convertvector(ki, v16);
-    const v16 p = EXP_POLY(EXP_REDUCE(x, k));
-    return p * (v16)((ki + 127) << 23);
 }
 
 /* The kernel, inlined once per head size (constant D and Dv unroll its inner loops). */

@@ -3,7 +3,7 @@
  *
  * Dot-product form on the weights as they lie (no packed copy to keep in step with them):
  * a tile of 4 rows of x by 4 rows of w is 16 accumulating vectors over K, summed across by
- * one transposing horizontal sum (sim_decode.c's hsum16), so every loaded vector feeds 2
+ * one transposing horizontal sum (sim_vec.h's hsum16), so every loaded vector feeds 2
  * multiply-adds. Threads split w's rows (the output columns): each reads its part of the
  * weights once, from L1 across all of x's row tiles.
  */
@@ -15,17 +15,6 @@
 
 int sim_team_run(void (*fn)(void *), void *arg, unsigned threads);
 int sim_team_member(void);
-
-#define FOLD(x, y, lo, hi) (__builtin_shuffle((x), (y), (lo)) + __builtin_shuffle((x), (y), (hi)))
-static const int REV[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
-
-static inline v16 hsum16(const v16 p[16]) {
-    v16 u[8], t[4], r[2];
-    for (int i = 0; i < 8; i++) u[i] = FOLD(p[2 * i], p[2 * i + 1], LO8, HI8);
-    for (int i = 0; i < 4; i++) t[i] = FOLD(u[2 * i], u[2 * i + 1], LO4, HI4);
-    for (int i = 0; i < 2; i++) r[i] = FOLD(t[2 * i], t[2 * i + 1], LO2, HI2);
-    return FOLD(r[0], r[1], LO1, HI1);
-}
 
 typedef struct {
     const float *x, *w, *b;
