@@ -599,6 +599,14 @@ def test_a_launch_refuses_freed_or_resized_memory_before_running():
         graph.replay()
     update(out)
     graph.replay()  # valid again once updated with live memory
+    plan = graph._plan
+    query.mul_(2.0)
+    update(out)  # the new launch is patched into the replay's program, not planned again
+    assert graph._plan is plan
+    graph.replay()
+    want = torch.empty_like(query)
+    _paged(query, key, value, table, lens, consts, want)
+    assert torch.equal(out, want)
     key.untyped_storage().resize_(0)
     with pytest.raises(NPUOpError, match="task _npu_paged_attention points at a freed "
                                          r"torch.float32 tensor of shape \(6, 16, 2, 32\)"):

@@ -9,7 +9,9 @@ captured buffers, and only a task updated through the update API sees new argume
     capture:  aten ops (via a dispatch mode)  -> AtenEntry(func, args, outputs)
               op-surface calls (@graph_op)    -> OpEntry(fn, args, outputs)
               calls inside task_group_begin/end -> the entry belongs to a TaskHandle
-    replay:   run every entry in order; results are copied into the captured outputs
+    replay:   run the entries in order: kernels prepared at capture / update as one
+              native call per run of them (graph_program.py); other entries re-run,
+              their results copied into the captured outputs
     update:   between task_update_begin(handle) and task_update_end, op-surface calls
               do not run: they replace the handle's calls (same ops, new arguments)
 
@@ -265,8 +267,6 @@ class SimGraph:
     def replay(self) -> None:
         if _state.capturing is not None:
             raise RuntimeError("cannot replay while a graph is capturing")
-        # Recorded aten calls are below __torch_function__: a parameter subclass's
-        # override (vLLM's BasevLLMParameter) already ran at capture, not again per replay.
         if self._plan is None:
             self._plan = graph_program.plan(self.entries, self.static)
         if not graph_program.unmoved(self._plan[1]):
@@ -274,6 +274,8 @@ class SimGraph:
                 if entry.builder is not None:
                     entry.prepare(entry.builder)
             self._plan = graph_program.plan(self.entries, self.static)
+        # Recorded aten calls are below __torch_function__: a parameter subclass's
+        # override (vLLM's BasevLLMParameter) already ran at capture, not again per replay.
         with torch.inference_mode(), torch._C.DisableTorchFunctionSubclass():
             for step in self._plan[0]:
                 step.run()
@@ -282,10 +284,14 @@ class SimGraph:
     def relaunched(self, entry: _Entry) -> None:
         """A task entry's launch replaced by an update: patched into its program (planned
         again where it does not fit)."""
-        if self._plan is not None:
-            program = self._plan[2].get(id(entry))
-            if program is None or not program.replace(entry):
+        if self._plan is None:
+            return
+        program = self._plan[2].get(id(entry))
+        if program is None:
+            if entry.native:  # launchable now: planned again
                 self._plan = None
+        elif not program.replace(entry):
+            self._plan = None
 
     def reset(self) -> None:
         self.entries, self.static, self.tasks = [], [], []
@@ -323,7 +329,7 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
     outputs are written in place, never fresh tensors.
 
     `launcher(*args, **kwargs) -> launch | None`: a task call's kernel launches
-    (`native.Launch`, or a tuple of them), prepared when the call is issued (captured, or
+    (`native.Launch`, a tuple of them, or a Python callable the replay calls), prepared when the call is issued (captured, or
     re-issued in an update): the op's checks, then its kernels on that call's addresses
     and the host data it copied (holding no device tensor), or None where the call needs
     work a fixed launch cannot do (converting device data) and the replay runs the op. A
