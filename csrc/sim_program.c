@@ -90,25 +90,79 @@ EXPORT int64_t npu_sim_task_paged_decode(const int64_t *a) {
     return npu_sim_paged_decode(args, threads);
 }
 
-/* dst (contiguous), src, element bytes, 4, sizes[4], src strides[4] (elements; fewer dims
- * padded in front with size 1): dst = src. */
+/* One element from s to d: the same bytes (es of them), or an integer widened / narrowed
+ * (int32 -> int64, int64 -> int32: `to(dtype)` on token ids and positions). */
+enum { COPY_SAME = 0, COPY_I32_I64 = 1, COPY_I64_I32 = 2 };
+
+static inline void copy_one(char *d, const char *s, int64_t es, int64_t kind) {
+    if (kind == COPY_I32_I64) {
+        int32_t v;
+        memcpy(&v, s, 4);
+        const int64_t w = v;
+        memcpy(d, &w, 8);
+    } else if (kind == COPY_I64_I32) {
+        int64_t v;
+        memcpy(&v, s, 8);
+        const int32_t w = (int32_t)v;
+        memcpy(d, &w, 4);
+    } else {
+        memcpy(d, s, (size_t)es);
+    }
+}
+
+/* dst, src, source element bytes, kind (COPY_*), sizes[4], src strides[4], dst strides[4]
+ * (elements; fewer dims padded in front with size 1): dst = src element by element, rows
+ * of contiguous same-type elements as one memcpy. */
 EXPORT int64_t npu_sim_task_copy(const int64_t *a) {
     char *dst = W(a[0]);
     const char *src = P(a[1]);
-    const int64_t es = a[2];
-    const int64_t *n = a + 4, *st = a + 8;
+    const int64_t es = a[2], kind = a[3];
+    const int64_t ds = kind == COPY_I32_I64 ? 8 : kind == COPY_I64_I32 ? 4 : es;
+    const int64_t *n = a + 4, *st = a + 8, *dt = a + 12;
     for (int64_t i = 0; i < n[0]; i++)
         for (int64_t j = 0; j < n[1]; j++)
             for (int64_t k = 0; k < n[2]; k++) {
                 const char *s = src + (i * st[0] + j * st[1] + k * st[2]) * es;
-                if (st[3] == 1) {
-                    memcpy(dst, s, (size_t)(n[3] * es));
-                    dst += n[3] * es;
+                char *d = dst + (i * dt[0] + j * dt[1] + k * dt[2]) * ds;
+                if (kind == COPY_SAME && st[3] == 1 && dt[3] == 1) {
+                    memcpy(d, s, (size_t)(n[3] * es));
                     continue;
                 }
-                for (int64_t l = 0; l < n[3]; l++, dst += es) memcpy(dst, s + l * st[3] * es,
-                                                                      (size_t)es);
+                for (int64_t l = 0; l < n[3]; l++)
+                    copy_one(d + l * dt[3] * ds, s + l * st[3] * es, es, kind);
             }
+    return 0;
+}
+
+/* out, table, index, count, row bytes, table rows, index bytes (4 or 8): out[i] =
+ * table[index[i]] (`embedding`, `index_select` along dim 0); 0, or 1 + the position of the
+ * first index outside [0, rows) (nothing written). */
+EXPORT int64_t npu_sim_task_gather_rows(const int64_t *a) {
+    char *out = W(a[0]);
+    const char *table = P(a[1]), *index = P(a[2]);
+    const int64_t n = a[3], row = a[4], rows = a[5], ib = a[6];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t k;
+        if (ib == 8) {
+            memcpy(&k, index + i * 8, 8);
+        } else {
+            int32_t k32;
+            memcpy(&k32, index + i * 4, 4);
+            k = k32;
+        }
+        if (k < 0 || k >= rows) return i + 1;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t k;
+        if (ib == 8) {
+            memcpy(&k, index + i * 8, 8);
+        } else {
+            int32_t k32;
+            memcpy(&k32, index + i * 4, 4);
+            k = k32;
+        }
+        memcpy(out + i * row, table + k * row, (size_t)row);
+    }
     return 0;
 }
 

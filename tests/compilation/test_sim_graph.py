@@ -166,8 +166,11 @@ def test_replayed_row_ops_write_their_captured_outputs_in_place(monkeypatch):
         buffers = inputs(dtype)
         with torch.inference_mode():
             graph, outs = _capture(lambda: forward(*buffers))
-            covered = [e for e in graph.entries if e.launch is not None]
+            covered = [e for e in graph.entries
+                       if e.launch is not None and e.fn.__name__.startswith("npu_")]
             assert len(covered) == (4 if dtype == torch.float32 else 0)
+            (cat,) = [e for e in graph.entries if e.fn is torch.ops.aten.cat.default]
+            assert [x.task for x in cat.launch] == ["copy", "copy"]  # into its two slices
             copies = []
             real_copy = g._copy_one
             monkeypatch.setattr(g, "_copy_one", lambda old, new: (copies.append(old),
@@ -180,7 +183,7 @@ def test_replayed_row_ops_write_their_captured_outputs_in_place(monkeypatch):
             assert [t.data_ptr() for t in outs] == ptrs
             for got, want in zip(outs, forward(*buffers)):
                 assert torch.equal(got, want)
-        # the aten `cat` replays through its out overload either way
+        # the aten `cat` replays as two prepared copies either way
         assert len(copies) == copied, dtype
 
 
@@ -225,6 +228,40 @@ def test_prepared_launches_run_as_one_program_and_follow_memory_that_moved(mocke
         w.copy_(saved * 2)
         graph.replay()
         torch.testing.assert_close(out, want(), rtol=1e-5, atol=1e-5)
+
+
+def test_gathers_copies_and_id_conversions_replay_as_prepared_launches():
+    """`embedding`, `index_select` along dim 0, `cat` and an int32 -> int64 `to` are
+    prepared at capture (gather and copy tasks of the native program); a replay reads the
+    new ids and rows; an index outside its table at replay is refused with aten's own
+    IndexError before that gather writes anything (as the kernels before it ran, the
+    device's tasks before a failing one have run)."""
+    from vllm_npu.ops.sim import native
+
+    if native.library() is None:
+        pytest.skip("no native kernels library (install without a C compiler)")
+    weight, table = torch.randn(10, 8), torch.randn(20, 4)
+    ids = torch.tensor([1, 3, 5], dtype=torch.int32)
+    pos = torch.tensor([0, 7, 19])
+
+    def forward():
+        e = torch.nn.functional.embedding(ids.to(torch.int64), weight)
+        return torch.cat([e, table.index_select(0, pos)], -1)
+
+    with torch.inference_mode():
+        graph, out = _capture(forward)
+        tasks = {e.fn.name(): [x.task for x in e.launch] for e in graph.entries if e.launch}
+        assert tasks == {"aten::to.dtype": ["copy"], "aten::embedding": ["gather_rows"],
+                         "aten::index_select": ["gather_rows"], "aten::cat": ["copy", "copy"]}
+        ids.copy_(torch.tensor([9, 0, 2], dtype=torch.int32))
+        pos.copy_(torch.tensor([5, 5, 1]))
+        graph.replay()
+        assert torch.equal(out, forward())
+        before = out.clone()
+        pos[1] = 20
+        with pytest.raises(IndexError, match="index out of range in self"):
+            graph.replay()
+        assert torch.equal(out, before)  # the cat after the refused gather did not run
 
 
 def test_host_work_inside_a_capture_is_not_replayed():

@@ -67,19 +67,51 @@ def _copy_replay(x: torch.Tensor, *args: Any, out: torch.Tensor, **kwargs: Any) 
 
 def _copy_launch(x: torch.Tensor, *args: Any, out: torch.Tensor,
                  **kwargs: Any) -> native.Launch | None:
-    """`_copy_replay` prepared at capture where it converts nothing (native.copy_launch)."""
+    """`_copy_replay` prepared at capture (native.copy_launch: no dtype change, or integer
+    ids widened / narrowed)."""
     return native.copy_launch(out, x)
 
 
+def _raise_as(func, args: tuple, kwargs: dict) -> Callable[[int], None]:
+    """A launch's refusal (an index outside its table) raised as the aten op raises it."""
+    def error(status: int) -> None:
+        func(*args, **kwargs)
+    return error
+
+
+def _embedding_launch(weight: torch.Tensor, indices: torch.Tensor, *args: Any,
+                      out: torch.Tensor) -> native.Launch | None:
+    error = _raise_as(torch.ops.aten.embedding.default, (weight, indices, *args), {})
+    return native.gather_launch(out, weight, indices, error)
+
+
+def _index_select_launch(x: torch.Tensor, dim: int, index: torch.Tensor, *,
+                         out: torch.Tensor) -> native.Launch | None:
+    error = _raise_as(torch.ops.aten.index_select.default, (x, dim, index), {})
+    return native.gather_launch(out, x, index, error) if dim == 0 else None
+
+
+def _cat_launch(tensors: list, dim: int = 0, *, out: torch.Tensor) -> tuple | None:
+    """One copy per input into its slice of the captured output."""
+    dim, start, launches = dim % out.dim(), 0, []
+    for t in tensors:
+        launches.append(native.copy_launch(out.narrow(dim, start, t.shape[dim]), t))
+        start += t.shape[dim]
+    return None if not launches or None in launches else tuple(launches)
+
+
 # aten ops the simulator replays with a function of its own (same arguments, `out=`):
-# `linear` uses the device's cores itself; and the launches prepared for them at capture
-# (None where not covered: the replay calls the function)
+# `linear` uses the device's cores itself; and the aten ops whose kernels are prepared
+# at capture (None where not covered: the replay calls the function or the out overload)
 _OWN_REPLAY = {torch.ops.aten.linear.default: linear.replay_linear_into,
                torch.ops.aten.contiguous.default: _copy_replay,
                torch.ops.aten.to.dtype: _copy_replay}
 _OWN_LAUNCH = {torch.ops.aten.linear.default: linear.replay_linear_launch,
                torch.ops.aten.contiguous.default: _copy_launch,
-               torch.ops.aten.to.dtype: _copy_launch}
+               torch.ops.aten.to.dtype: _copy_launch,
+               torch.ops.aten.embedding.default: _embedding_launch,
+               torch.ops.aten.index_select.default: _index_select_launch,
+               torch.ops.aten.cat.default: _cat_launch}
 
 # Allocations recorded during capture: on a device they are graph-pool memory, not tasks;
 # the captured buffer is what the graph reads and writes at every replay.
@@ -229,8 +261,9 @@ class _Recorder(TorchDispatchMode):
             in_place = own or (_out_overload(func) if type(out) is torch.Tensor else None)
             entry = _Entry(func, args, kwargs, out, out_fn=in_place,
                            matmul=own is None and func.name() in _MATMULS)
-            if own is not None:
-                entry.prepare(functools.partial(_OWN_LAUNCH[func], *args, out=out, **kwargs))
+            launcher = _OWN_LAUNCH.get(func) if type(out) is torch.Tensor else None
+            if launcher is not None:
+                entry.prepare(functools.partial(launcher, *args, out=out, **kwargs))
             self.graph.entries.append(entry)
         return out
 

@@ -275,14 +275,37 @@ def linear_launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                              x.shape[0], weight.shape[0], x.shape[1], threads], tensors=tensors)
 
 
+# the copy task's conversions (csrc/sim_program.c COPY_*): same dtype, or integer ids and
+# positions widened / narrowed
+_COPY_KINDS = {(torch.int32, torch.int64): 1, (torch.int64, torch.int32): 2}
+
+
 def copy_launch(out: torch.Tensor, src: torch.Tensor) -> Launch | None:
-    """out = src for a contiguous `out` of src's shape and dtype, src of up to 4 dims with
-    any strides (a replayed `contiguous`); None otherwise."""
-    if library() is None or out.dtype != src.dtype or out.shape != src.shape \
-            or not out.is_contiguous() or not 1 <= src.dim() <= 4 or not src.numel():
+    """out = src (any strides, up to 4 dims, src's shape; the same dtype, or int32 <->
+    int64), or None where not covered."""
+    kind = 0 if out.dtype == src.dtype else _COPY_KINDS.get((src.dtype, out.dtype))
+    if library() is None or kind is None or out.shape != src.shape \
+            or not 1 <= src.dim() <= 4 or not src.numel():
         return None
     pad = 4 - src.dim()
-    sizes = (1,) * pad + tuple(src.shape)
-    strides = (0,) * pad + tuple(src.stride())
-    return Launch("copy", [out.data_ptr(), src.data_ptr(), src.element_size(), 4, *sizes,
-                           *strides], tensors=(out, src))
+    return Launch("copy", [out.data_ptr(), src.data_ptr(), src.element_size(), kind,
+                           *((1,) * pad + tuple(src.shape)),
+                           *((0,) * pad + tuple(src.stride())),
+                           *((0,) * pad + tuple(out.stride()))], tensors=(out, src))
+
+
+def gather_launch(out: torch.Tensor, table: torch.Tensor, index: torch.Tensor,
+                  error: Callable[[int], None]) -> Launch | None:
+    """out[i] = table[index[i]] along table's first dim, all contiguous (`embedding`,
+    `index_select(.., 0, ..)`); a nonzero status (1 + the position of an index outside
+    the table, nothing written) goes to `error`. None where not covered."""
+    if library() is None or table.dim() < 1 or not table.is_contiguous() \
+            or not index.is_contiguous() or index.dtype not in (torch.int32, torch.int64) \
+            or not out.is_contiguous() or out.dtype != table.dtype \
+            or out.numel() != index.numel() * (table[0].numel() if table.shape[0] else 0) \
+            or not index.numel():
+        return None
+    row = table[0].numel() * table.element_size()
+    return Launch("gather_rows", [out.data_ptr(), table.data_ptr(), index.data_ptr(),
+                                  index.numel(), row, table.shape[0], index.element_size()],
+                  tensors=(out, table, index), error=error)
