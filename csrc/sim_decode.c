@@ -76,6 +76,22 @@ static inline __attribute__((always_inline)) void prefetch_kv(const pd_args *a,
         prefetch_cache(a, a->v, a->v_blk, a->v_tok, vspan, blocks, lo + u - n, count);
 }
 
+/* The DC token rows of a chunk (head 0) of one cache, m of them the request's: its block
+ * slot *c and offset *o stepped past them; the DC - m after the request's end repeat its
+ * last row (their scores repeat, their weights are zeroed). */
+static inline void chunk_rows(const pd_args *a, const void *base, int64_t blk, int64_t tok,
+                              const int32_t *blocks, int64_t *c, int64_t *o, int64_t m,
+                              const float *rows[DC]) {
+    for (int64_t i = 0; i < DC; i++) {
+        if (i >= m) {
+            rows[i] = rows[m - 1];
+            continue;
+        }
+        rows[i] = (const float *)base + blocks[*c] * blk + *o * tok;
+        if (++*o == a->bs) *o = 0, ++*c;
+    }
+}
+
 /* The kernel, inlined once per head size (constant D and Dv unroll its inner loops). */
 static inline __attribute__((always_inline)) void decode_body(const pd_args *a, int64_t b,
                                                               scratch *s, const int64_t D,
@@ -104,14 +120,7 @@ static inline __attribute__((always_inline)) void decode_body(const pd_args *a, 
         const int64_t m = n - t0 < DC ? n - t0 : DC;
         prefetch_kv(a, blocks, lo, n, t0 + ahead, DC);
         const float *krow[DC];
-        for (int64_t i = 0; i < DC; i++) {
-            if (i >= m) {
-                krow[i] = krow[m - 1];
-                continue;
-            }
-            krow[i] = (const float *)a->k + blocks[c] * a->k_blk + o * a->k_tok;
-            if (++o == a->bs) o = 0, c++;
-        }
+        chunk_rows(a, a->k, a->k_blk, a->k_tok, blocks, &c, &o, m, krow);
         for (int64_t h = 0; h < H; h++) {
             const float *kh[DC];
             for (int i = 0; i < DC; i++) kh[i] = krow[i] + h * a->k_head;
@@ -158,14 +167,7 @@ static inline __attribute__((always_inline)) void decode_body(const pd_args *a, 
             if (nn > 0) prefetch_kv(a, table_row(a, nb), nlo, nn, u - 2 * n, DC);
         }
         const float *vrow[DC];
-        for (int64_t i = 0; i < DC; i++) {
-            if (i >= m) {
-                vrow[i] = vrow[m - 1];
-                continue;
-            }
-            vrow[i] = (const float *)a->v + blocks[c] * a->v_blk + o * a->v_tok;
-            if (++o == a->bs) o = 0, c++;
-        }
+        chunk_rows(a, a->v, a->v_blk, a->v_tok, blocks, &c, &o, m, vrow);
         for (int64_t h = 0; h < H; h++) {
             const float *vh[DC];
             for (int i = 0; i < DC; i++) vh[i] = vrow[i] + h * a->v_head;

@@ -134,6 +134,18 @@ EXPORT int64_t npu_sim_task_copy(const int64_t *a) {
     return 0;
 }
 
+/* element i of an int64 (ib 8) or int32 index */
+static inline int64_t index_at(const char *index, int64_t i, int64_t ib) {
+    if (ib == 8) {
+        int64_t k;
+        memcpy(&k, index + i * 8, 8);
+        return k;
+    }
+    int32_t k;
+    memcpy(&k, index + i * 4, 4);
+    return k;
+}
+
 /* out, table, index, count, row bytes, table rows, index bytes (4 or 8): out[i] =
  * table[index[i]] (`embedding`, `index_select` along dim 0); 0, or 1 + the position of the
  * first index outside [0, rows) (nothing written). */
@@ -142,25 +154,11 @@ EXPORT int64_t npu_sim_task_gather_rows(const int64_t *a) {
     const char *table = P(a[1]), *index = P(a[2]);
     const int64_t n = a[3], row = a[4], rows = a[5], ib = a[6];
     for (int64_t i = 0; i < n; i++) {
-        int64_t k;
-        if (ib == 8) {
-            memcpy(&k, index + i * 8, 8);
-        } else {
-            int32_t k32;
-            memcpy(&k32, index + i * 4, 4);
-            k = k32;
-        }
+        const int64_t k = index_at(index, i, ib);
         if (k < 0 || k >= rows) return i + 1;
     }
     for (int64_t i = 0; i < n; i++) {
-        int64_t k;
-        if (ib == 8) {
-            memcpy(&k, index + i * 8, 8);
-        } else {
-            int32_t k32;
-            memcpy(&k32, index + i * 4, 4);
-            k = k32;
-        }
+        const int64_t k = index_at(index, i, ib);
         memcpy(out + i * row, table + k * row, (size_t)row);
     }
     return 0;

@@ -154,6 +154,17 @@ def rms_norm_launch(x1: torch.Tensor, x2: torch.Tensor | None, gamma: torch.Tens
     return launch, (y, rstd, xsum)
 
 
+def _launched(prepared: tuple | None) -> torch.Tensor | None:
+    """A (launch or None, output) pair from a `*_launch` builder run now: the output, or
+    None where the builder did not cover the call."""
+    if prepared is None:
+        return None
+    launch, out = prepared
+    if launch is not None:
+        launch()
+    return out
+
+
 def _address(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -162,13 +173,7 @@ def rotary_mul(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor,
                interleave: bool, out: torch.Tensor | None = None) -> torch.Tensor | None:
     """x * r1 + rotate(x) * r2 for 4-D float32 x (r1/r2 broadcast to it, every last dim
     contiguous), into `out` where given; None otherwise."""
-    prepared = rotary_mul_launch(x, r1, r2, interleave, out)
-    if prepared is None:
-        return None
-    launch, out = prepared
-    if launch is not None:
-        launch()
-    return out
+    return _launched(rotary_mul_launch(x, r1, r2, interleave, out))
 
 
 def rotary_mul_launch(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor,
@@ -198,13 +203,7 @@ def _broadcast_strides(t: torch.Tensor) -> tuple[int, ...]:
 def swiglu(x: torch.Tensor, dim: int, out: torch.Tensor | None = None) -> torch.Tensor | None:
     """silu(first half) * second half along the last dim of a float32 contiguous x, into
     `out` where given; None otherwise."""
-    prepared = swiglu_launch(x, dim, out)
-    if prepared is None:
-        return None
-    launch, out = prepared
-    if launch is not None:
-        launch()
-    return out
+    return _launched(swiglu_launch(x, dim, out))
 
 
 def swiglu_launch(x: torch.Tensor, dim: int, out: torch.Tensor | None = None):
