@@ -18,27 +18,20 @@
 #include "sim_paged.h"
 #include "sim_vec.h"
 
-#define KC 32          /* keys per chunk (two vectors of 16) */
-#define TILE_HEADS 64  /* rows x query heads of one KV head per tile, at most */
+#ifndef KC
+#define KC 64          /* keys per chunk (four vectors of 16) */
+#endif
+#define KV (KC / 16)
+#ifndef TILE_HEADS
+#define TILE_HEADS 64
+#endif
+//  /* rows x query heads of one KV head per tile, at most */
+#ifndef TILE_ROWS
 #define TILE_ROWS 16
-
-/* max of lanes j in [f, e) of the 32 scores s0 | s1 (-inf when none) */
-static inline float masked_max(v16 s0, v16 s1, int64_t f, int64_t e) {
-    const v16i j0 = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, j1 = j0 + 16;
-    const v16i ninf = (v16i)((v16){0} - INFINITY);
-    const int32_t lo = (int32_t)f, hi = (int32_t)e;
-    const v16i in0 = (j0 >= lo) & (j0 < hi), in1 = (j1 >= lo) & (j1 < hi);
-    v16 m = max16((v16)(((v16i)s0 & in0) | (ninf & ~in0)),
-                  (v16)(((v16i)s1 & in1) | (ninf & ~in1)));
-    float top = -INFINITY;
-    for (int k = 0; k < 16; k += 4) {  /* four short chains, then theirs */
-        const float a = m[k] > m[k + 1] ? m[k] : m[k + 1];
-        const float b = m[k + 2] > m[k + 3] ? m[k + 2] : m[k + 3];
-        const float c = a > b ? a : b;
-        top = c > top ? c : top;
-    }
-    return top;
-}
+#endif
+#ifndef RB
+#define RB 4          /* tile rows per register block */
+#endif
 
 /* x[i][l] -> x[l][i]: at each of four levels h the off-diagonal h x h blocks of every
  * 2h x 2h block swap places (rows i and i + h exchange their lanes with bit h set and
@@ -70,15 +63,103 @@ int64_t tile_rows(const pd_args *a) {
     return m < 1 ? 1 : m > TILE_ROWS ? TILE_ROWS : m;
 }
 
+/* The keys [f, e) of tile row i within the chunk at c0 of kn keys (f >= e: none);
+ * rows past the tile's (padding of the last register block) have none. */
+static inline void row_keys(const pd_args *a, int64_t r0, int64_t g, int64_t M, int64_t i,
+                            int64_t c0, int64_t kn, int64_t *f, int64_t *e) {
+    if (i >= M) {
+        *f = 0, *e = 0;
+        return;
+    }
+    const int64_t r = r0 + i / g, hi = a->lens[r] - c0;
+    *f = a->first[r] - c0;
+    *e = hi < kn ? hi : kn;
+}
+
+/* Scores of RB tile rows against the chunk's KC keys (kt: the chunk's K transposed),
+ * softmax'd online: the rows' probabilities into p (exactly 0 outside each row's keys),
+ * each row's running maximum and sum updated, its rescale factor into alpha. */
+static inline __attribute__((always_inline)) void scores_block(
+    const float *restrict qs, const float *restrict kt, int64_t D, const int64_t f[RB],
+    const int64_t e[RB], float *restrict p, float *restrict mx, float *restrict sm,
+    float alpha[RB]) {
+    v16 s[RB][KV];
+    for (int r = 0; r < RB; r++)
+        for (int v = 0; v < KV; v++) s[r][v] = (v16){0};
+    for (int64_t d = 0; d < D; d++) {
+        v16 k[KV];
+        for (int v = 0; v < KV; v++) k[v] = ld16(kt + d * KC + 16 * v);
+        for (int r = 0; r < RB; r++) {
+            const float qd = qs[r * D + d];
+            for (int v = 0; v < KV; v++) s[r][v] += qd * k[v];
+        }
+    }
+    const v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const v16i ninf = (v16i)((v16){0} - INFINITY);
+    for (int r = 0; r < RB; r++) {
+        float *restrict pr = p + r * KC;
+        if (e[r] <= 0 || f[r] >= e[r]) {  /* no key of this chunk: nothing changes */
+            for (int v = 0; v < KV; v++) st16(pr + 16 * v, (v16){0});
+            alpha[r] = 1.0f;
+            continue;
+        }
+        v16i in[KV];
+        const int whole = f[r] <= 0 && e[r] >= KC;
+        v16 top = (v16){0} - INFINITY;
+        for (int v = 0; v < KV; v++) {
+            in[v] = ~(v16i){0};  /* every lane */
+            if (!whole) {
+                const v16i j = lane + 16 * v;
+                in[v] = (j >= (int32_t)f[r]) & (j < (int32_t)e[r]);
+                s[r][v] = (v16)(((v16i)s[r][v] & in[v]) | (ninf & ~in[v]));
+            }
+            top = max16(top, s[r][v]);
+        }
+        const float mc = hmax16(top), mnew = mc > mx[r] ? mc : mx[r];
+        alpha[r] = mx[r] == -INFINITY ? 0.0f : exp_nonpositive(mx[r] - mnew);
+        v16 total = {0};
+        for (int v = 0; v < KV; v++) {
+            v16 pv = exp16(s[r][v] - mnew);
+            if (!whole) pv = (v16)((v16i)pv & in[v]);
+            total += pv;
+            st16(pr + 16 * v, pv);
+        }
+        sm[r] = sm[r] * alpha[r] + hadd16(total);
+        mx[r] = mnew;
+    }
+}
+
+/* acc rows (RB of them, Dv wide) = alpha * acc + p . V over the chunk's keys [j0, j1):
+ * NV vectors of each row's values in registers at a time, each value vector loaded once
+ * for the RB rows. */
+static inline __attribute__((always_inline)) void values_block(
+    float *restrict acc, int64_t Dv, int64_t d0, int NV, const float *restrict p,
+    const float alpha[RB], const float *const vrow[KC], int64_t j0, int64_t j1) {
+    v16 x[RB][2];
+    for (int r = 0; r < RB; r++)
+        for (int v = 0; v < NV; v++) x[r][v] = ld16(acc + r * Dv + d0 + 16 * v) * alpha[r];
+    for (int64_t j = j0; j < j1; j++) {
+        const v16 v0 = ld16(vrow[j] + d0), v1 = NV > 1 ? ld16(vrow[j] + d0 + 16) : v0;
+        for (int r = 0; r < RB; r++) {
+            const float pj = p[r * KC + j];
+            x[r][0] += pj * v0;
+            if (NV > 1) x[r][1] += pj * v1;
+        }
+    }
+    for (int r = 0; r < RB; r++)
+        for (int v = 0; v < NV; v++) st16(acc + r * Dv + d0 + 16 * v, x[r][v]);
+}
+
 CLONES
 int prefill_tile(const pd_args *a, int64_t r0, int64_t m, scratch *s) {
     const int64_t N = a->N, H = a->H, D = a->D, Dv = a->Dv, g = N / H, M = m * g;
+    const int64_t Mp = (M + RB - 1) / RB * RB;  /* whole register blocks */
     const float *kc = a->k, *vc = a->v;
-    /* buffers: q [M, D], kt [D, KC], sc [M, KC], acc [M, Dv], mx [M], sm [M] */
-    if (grow(&s->tile, &s->cap_tile, (size_t)(M * D + D * KC + M * KC + M * Dv + 2 * M)))
+    /* buffers: q [Mp, D], kt [D, KC], p [Mp, KC], acc [Mp, Dv], mx [Mp], sm [Mp] */
+    if (grow(&s->tile, &s->cap_tile, (size_t)(Mp * D + D * KC + Mp * KC + Mp * Dv + 2 * Mp)))
         return -1;
-    float *restrict qs = s->tile, *restrict kt = qs + M * D, *restrict sc = kt + D * KC;
-    float *restrict acc = sc + M * KC, *restrict mx = acc + M * Dv, *restrict sm = mx + M;
+    float *restrict qs = s->tile, *restrict kt = qs + Mp * D, *restrict sc = kt + D * KC;
+    float *restrict acc = sc + Mp * KC, *restrict mx = acc + Mp * Dv, *restrict sm = mx + Mp;
     const int32_t *blocks = table_row(a, r0);
     int64_t lo = INT64_MAX, hi = 0;
     for (int64_t r = r0; r < r0 + m; r++)
@@ -88,23 +169,31 @@ int prefill_tile(const pd_args *a, int64_t r0, int64_t m, scratch *s) {
         }
     for (int64_t h = 0; h < H; h++) {
         /* tile row i: query row r0 + i / g, head h * g + i % g */
-        for (int64_t i = 0; i < M; i++) {
-            const float *qv = a->q + ((r0 + i / g) * N + h * g + i % g) * D;
-            for (int64_t d = 0; d < D; d++) qs[i * D + d] = qv[d] * a->scale;
+        for (int64_t i = 0; i < Mp; i++) {
+            if (i < M) {
+                const float *qv = a->q + ((r0 + i / g) * N + h * g + i % g) * D;
+                for (int64_t d = 0; d < D; d++) qs[i * D + d] = qv[d] * a->scale;
+            } else {
+                memset(qs + i * D, 0, (size_t)D * sizeof(float));
+            }
             mx[i] = -INFINITY;
             sm[i] = 0.0f;
         }
-        memset(acc, 0, (size_t)(M * Dv) * sizeof(float));
+        memset(acc, 0, (size_t)(Mp * Dv) * sizeof(float));
+        int64_t blk_at = lo / a->bs, off = lo % a->bs;  /* walks with the keys */
         for (int64_t c0 = lo; c0 < hi; c0 += KC) {
             const int64_t kn = hi - c0 < KC ? hi - c0 : KC;
             const float *vrow[KC], *krow[KC];
             for (int64_t j = 0; j < kn; j++) {
-                const int64_t pos = c0 + j, blk = blocks[pos / a->bs], off = pos % a->bs;
+                const int64_t blk = blocks[blk_at];
                 krow[j] = kc + blk * a->k_blk + off * a->k_tok + h * a->k_head;
                 vrow[j] = vc + blk * a->v_blk + off * a->v_tok + h * a->v_head;
+                if (++off == a->bs) off = 0, blk_at++;
             }
-            if (kn == KC && D % 16 == 0) {
-                /* a whole chunk: 16 x 16 blocks transposed in registers */
+            if (D % 16 == 0) {
+                /* 16 x 16 blocks transposed in registers; past the chunk's last key the
+                 * lanes repeat its first (every row masks them) */
+                for (int64_t j = kn; j < KC; j++) krow[j] = krow[0];
                 for (int64_t j0 = 0; j0 < KC; j0 += 16)
                     for (int64_t d0 = 0; d0 < D; d0 += 16) {
                         v16 x[16];
@@ -116,69 +205,24 @@ int prefill_tile(const pd_args *a, int64_t r0, int64_t m, scratch *s) {
                 for (int64_t j = 0; j < KC; j++)
                     for (int64_t d = 0; d < D; d++) kt[d * KC + j] = j < kn ? krow[j][d] : 0.0f;
             }
-            for (int64_t i = 0; i < M; i++) {
-                const int64_t r = r0 + i / g;
-                const int64_t f = a->first[r] - c0, e = a->lens[r] - c0 < kn ? a->lens[r] - c0 : kn;
-                if (e <= 0 || f >= e) continue;  /* no key of this chunk */
-                /* scores of the chunk's KC keys: two vectors, kept in registers */
-                /* (even and odd d in separate sums: four independent FMA chains) */
-                v16 s0 = {0}, s1 = {0}, t0 = {0}, t1 = {0};
-                const float *qi = qs + i * D;
-                int64_t d = 0;
-                for (; d + 1 < D; d += 2) {
-                    s0 += qi[d] * ld16(kt + d * KC);
-                    s1 += qi[d] * ld16(kt + d * KC + 16);
-                    t0 += qi[d + 1] * ld16(kt + (d + 1) * KC);
-                    t1 += qi[d + 1] * ld16(kt + (d + 1) * KC + 16);
-                }
-                if (d < D) {
-                    s0 += qi[d] * ld16(kt + d * KC);
-                    s1 += qi[d] * ld16(kt + d * KC + 16);
-                }
-                s0 += t0;
-                s1 += t1;
-                float *restrict p = sc + i * KC;
-                st16(p, s0);
-                st16(p + 16, s1);
-                const float top = masked_max(s0, s1, f, e);
-                const float mnew = top > mx[i] ? top : mx[i];
-                const float alpha = mx[i] == -INFINITY ? 0.0f : exp_nonpositive(mx[i] - mnew);
-                float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-                for (int64_t j = 0; j < KC; j++) {
-                    /* every lane computed (the loop vectorises), masked ones zeroed */
-                    const float z = p[j] - mnew;
-                    const float x = exp_nonpositive(z < 0.0f ? z : 0.0f);
-                    p[j] = j >= f && j < e ? x : 0.0f;
-                    total += p[j];
-                }
-                sm[i] = sm[i] * alpha + total;
-                mx[i] = mnew;
-                /* acc row += p . V, sixteen values of the row at a time in a register */
-                float *restrict ar = acc + i * Dv;
-                const int64_t j0 = f > 0 ? f : 0;
-                for (int64_t d0 = 0; d0 < Dv; d0 += 32) {
-                    /* 32 values (16 when Dv is an odd multiple of 16), keys in pairs: up
-                     * to four independent FMA chains */
-                    const int two = d0 + 32 <= Dv;
-                    v16 xa = ld16(ar + d0) * alpha, ya = {0}, xb = {0}, yb = {0};
-                    if (two) xb = ld16(ar + d0 + 16) * alpha;
-                    int64_t j = j0;
-                    for (; j + 1 < e; j += 2) {
-                        xa += p[j] * ld16(vrow[j] + d0);
-                        ya += p[j + 1] * ld16(vrow[j + 1] + d0);
-                        if (two) {
-                            xb += p[j] * ld16(vrow[j] + d0 + 16);
-                            yb += p[j + 1] * ld16(vrow[j + 1] + d0 + 16);
-                        }
+            for (int64_t i = 0; i < Mp; i += RB) {
+                int64_t f[RB], e[RB], j0 = KC, j1 = 0;
+                for (int r = 0; r < RB; r++) {
+                    row_keys(a, r0, g, M, i + r, c0, kn, &f[r], &e[r]);
+                    if (e[r] > 0 && f[r] < e[r]) {
+                        const int64_t from = f[r] > 0 ? f[r] : 0;
+                        j0 = from < j0 ? from : j0;
+                        j1 = e[r] > j1 ? e[r] : j1;
                     }
-                    if (j < e) {
-                        xa += p[j] * ld16(vrow[j] + d0);
-                        if (two) xb += p[j] * ld16(vrow[j] + d0 + 16);
-                    }
-                    st16(ar + d0, xa + ya);
-                    if (two) st16(ar + d0 + 16, xb + yb);
                 }
+                if (j1 == 0) continue;  /* no row of the block sees a key of this chunk */
+                float alpha[RB];
+                scores_block(qs + i * D, kt, D, f, e, sc + i * KC, mx + i, sm + i, alpha);
+                int64_t d0 = 0;
+                for (; d0 + 32 <= Dv; d0 += 32)
+                    values_block(acc + i * Dv, Dv, d0, 2, sc + i * KC, alpha, vrow, j0, j1);
+                if (d0 < Dv)
+                    values_block(acc + i * Dv, Dv, d0, 1, sc + i * KC, alpha, vrow, j0, j1);
             }
         }
         for (int64_t i = 0; i < M; i++) {

@@ -30,10 +30,10 @@ static inline double D(int64_t v) {
 
 /* The kernels (sim_rows.c, sim_kernels.c). */
 void npu_sim_rms_norm(const float *, const float *, const float *, float *, float *, float *,
-                      int64_t, int64_t, float);
+                      int64_t, int64_t, float, int);
 void npu_sim_rotary_mul(const float *, const float *, const float *, float *, const int64_t *,
-                        int32_t);
-void npu_sim_swiglu(const float *, float *, int64_t, int64_t);
+                        int32_t, int);
+void npu_sim_swiglu(const float *, float *, int64_t, int64_t, int);
 int64_t npu_sim_scatter_rows(const char *, int64_t, const int32_t *, int64_t, char *, int64_t,
                              int64_t);
 int npu_sim_linear(const float *, const float *, const float *, float *, int64_t, int64_t,
@@ -43,22 +43,23 @@ int npu_sim_gemm(const float *, const float *, const float *, float *, int64_t, 
 int npu_sim_paged_decode_team(const pd_args *, int);
 int npu_sim_paged_decode(const pd_args *, int);
 
-/* x1, x2|0, gamma, y, rstd, xsum|0, rows, cols, eps */
+/* x1, x2|0, gamma, y, rstd, xsum|0, rows, cols, eps, threads */
 EXPORT int64_t npu_sim_task_rms_norm(const int64_t *a) {
     npu_sim_rms_norm(P(a[0]), P(a[1]), P(a[2]), W(a[3]), W(a[4]), W(a[5]), a[6], a[7],
-                     (float)D(a[8]));
+                     (float)D(a[8]), (int)a[9]);
     return 0;
 }
 
-/* x, r1, r2, out, dims (int64[16]: shape, then the three inputs' strides), interleave */
+/* x, r1, r2, out, dims (int64[16]: shape, then the three inputs' strides), interleave,
+ * threads */
 EXPORT int64_t npu_sim_task_rotary_mul(const int64_t *a) {
-    npu_sim_rotary_mul(P(a[0]), P(a[1]), P(a[2]), W(a[3]), P(a[4]), (int32_t)a[5]);
+    npu_sim_rotary_mul(P(a[0]), P(a[1]), P(a[2]), W(a[3]), P(a[4]), (int32_t)a[5], (int)a[6]);
     return 0;
 }
 
-/* x, out, rows, h */
+/* x, out, rows, h, threads */
 EXPORT int64_t npu_sim_task_swiglu(const int64_t *a) {
-    npu_sim_swiglu(P(a[0]), W(a[1]), a[2], a[3]);
+    npu_sim_swiglu(P(a[0]), W(a[1]), a[2], a[3], (int)a[4]);
     return 0;
 }
 

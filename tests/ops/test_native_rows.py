@@ -73,6 +73,37 @@ def test_swiglu_matches_the_pytorch_path_and_hf(torch_path, shape):
     assert native.swiglu(x, -1) is not None  # the native path ran
 
 
+def test_large_row_ops_split_over_the_device_cores_give_the_same_result(torch_path,
+                                                                      monkeypatch):
+    """An eager prefill's row ops (>= 64K floats) run in runs of rows on torch's OpenMP
+    team, one run per device core: any core count (uneven splits included) gives bitwise
+    one core's result, which is the PyTorch path's (rotary bitwise, the others within
+    1e-6)."""
+    from vllm_npu.ops.sim import cores
+
+    g = _gen(21)
+    T = 1001  # not a multiple of 2 or 3
+    x = torch.randn(T, 512, generator=g) * 6
+    h, r = torch.randn(T, 128, generator=g), torch.randn(T, 128, generator=g)
+    gamma = torch.rand(128, generator=g) + 0.5
+    q = torch.randn(T, 4 * 32 + 64, generator=g)[:, :4 * 32].view(T, 1, 4, 32)
+    cos, sin = torch.randn(T, 1, 1, 32, generator=g), torch.randn(T, 1, 1, 32, generator=g)
+
+    def run():
+        return (npu_swiglu(x), *npu_add_rms_norm(h, r, gamma, 1e-6),
+                npu_rotary_mul(q, cos, sin, "half"))
+    results = []
+    for n in (1, 2, 3):
+        monkeypatch.setattr(cores, "device_cores", lambda n=n: n)
+        results.append(run())
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
+    ref = torch_path(run)
+    for a, b in zip(results[0][:-1], ref[:-1]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert torch.equal(results[0][-1], ref[-1])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cache_scatter_is_the_pytorch_path(torch_path, dtype):
     """Keys as strided views of the qkv projection, padding slots (-1) skipped."""

@@ -21,6 +21,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from vllm_npu.ops.sim import cores
+
 LIBRARY = Path(__file__).with_name("libnpu_sim_kernels.so")
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 _I64x16 = _i64 * 16
@@ -150,7 +152,7 @@ def rms_norm_launch(x1: torch.Tensor, x2: torch.Tensor | None, gamma: torch.Tens
     tensors = tuple(t for t in (x1, x2, gamma, y, rstd, xsum) if t is not None)
     launch = Launch("rms_norm", [_address(x1), _address(x2), gamma.data_ptr(), y.data_ptr(),
                                  rstd.data_ptr(), _address(xsum), x1.numel() // cols, cols,
-                                 float(eps)], tensors=tensors)
+                                 float(eps), cores.device_cores()], tensors=tensors)
     return launch, (y, rstd, xsum)
 
 
@@ -191,7 +193,8 @@ def rotary_mul_launch(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor,
     # shape, then x's, r1's and r2's strides (0 along a broadcast dim): one array
     dims = _I64x16(*x.shape, *x.stride(), *_broadcast_strides(r1), *_broadcast_strides(r2))
     launch = Launch("rotary_mul", [x.data_ptr(), r1.data_ptr(), r2.data_ptr(), out.data_ptr(),
-                                   ctypes.addressof(dims), int(interleave)],
+                                   ctypes.addressof(dims), int(interleave),
+                                   cores.device_cores()],
                     keep=(dims,), tensors=(x, r1, r2, out))
     return launch, out
 
@@ -218,7 +221,7 @@ def swiglu_launch(x: torch.Tensor, dim: int, out: torch.Tensor | None = None):
     if not out.numel():
         return None, out
     return Launch("swiglu", [x.data_ptr(), out.data_ptr(), out.numel() // out.shape[-1],
-                             out.shape[-1]], tensors=(x, out)), out
+                             out.shape[-1], cores.device_cores()], tensors=(x, out)), out
 
 
 def scatter_rows(src: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor) -> int | None:
