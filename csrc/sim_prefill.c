@@ -6,6 +6,10 @@
  * flash-attention kernel does: keys in chunks of KC, each chunk's K transposed once and
  * its scores for every row of the tile (m rows x g query heads of one KV head) formed as
  * a small matrix product; softmax online (running maximum and sum, rescaled per chunk).
+ * Rows go in register blocks of RB: each loaded K^T / V vector feeds RB rows' multiply-adds
+ * (scores_block, values_block), each row's softmax on whole vectors (exp16, masks only on
+ * a chunk the row sees in part). Against the row-at-a-time version (scalar softmax, V
+ * reloaded per row): 16 x 512 causal 33 -> 18 ms, 64 x 128 13.5 -> 8-10 ms (one thread).
  * Row r sees the keys [first[r], lens[r]); the caller puts the causal / band limits
  * there, masked keys weigh exactly 0. float32 caches without rope only (`tile_fits`); the
  * others run row by row.
@@ -18,20 +22,12 @@
 #include "sim_paged.h"
 #include "sim_vec.h"
 
-#ifndef KC
-#define KC 64          /* keys per chunk (four vectors of 16) */
-#endif
+#define KC 32          /* keys per chunk (two vectors of 16; 64 measured slower at 128-token
+                        * prompts: more of the diagonal chunk masked) */
 #define KV (KC / 16)
-#ifndef TILE_HEADS
-#define TILE_HEADS 64
-#endif
-//  /* rows x query heads of one KV head per tile, at most */
-#ifndef TILE_ROWS
+#define TILE_HEADS 64  /* rows x query heads of one KV head per tile, at most */
 #define TILE_ROWS 16
-#endif
-#ifndef RB
-#define RB 4          /* tile rows per register block */
-#endif
+#define RB 4           /* tile rows per register block (8 measured the same) */
 
 /* x[i][l] -> x[l][i]: at each of four levels h the off-diagonal h x h blocks of every
  * 2h x 2h block swap places (rows i and i + h exchange their lanes with bit h set and
