@@ -110,9 +110,8 @@ static void rotary_rows(const void *arg, int64_t n0, int64_t n1) {
     const int64_t *shape = op->dims, *xs = op->dims + 4, *c_s = op->dims + 8,
                   *s_s = op->dims + 12;
     const int64_t D = shape[3], h = D / 2;
+    int64_t i2 = n0 % shape[2], i1 = n0 / shape[2] % shape[1], i0 = n0 / shape[2] / shape[1];
     for (int64_t n = n0; n < n1; n++) {
-        const int64_t i2 = n % shape[2], i1 = n / shape[2] % shape[1],
-                      i0 = n / shape[2] / shape[1];
         const float *xv = op->x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2];
         const float *c = op->r1 + i0 * c_s[0] + i1 * c_s[1] + i2 * c_s[2];
         const float *s = op->r2 + i0 * s_s[0] + i1 * s_s[1] + i2 * s_s[2];
@@ -127,6 +126,10 @@ static void rotary_rows(const void *arg, int64_t n0, int64_t n1) {
                 o[d] = xv[d] * c[d] + (-xv[d + 1]) * s[d];
                 o[d + 1] = xv[d + 1] * c[d + 1] + xv[d] * s[d + 1];
             }
+        }
+        if (++i2 == shape[2]) {  /* the next row's index by counting: no divisions */
+            i2 = 0;
+            if (++i1 == shape[1]) i1 = 0, i0++;
         }
     }
 }
