@@ -48,10 +48,7 @@ class NPURotaryEmbedding(RotaryEmbedding):
         x = x.view(1, cos.shape[1], -1, self.head_size)
         mode = "half" if self.is_neox_style else "interleave"
         if self.rotary_dim == self.head_size:
-            # q / k as views of the fused qkv projection: torch_npu makes its inputs
-            # contiguous itself (op-plugin's format_contiguous); the simulator reads the
-            # rows where they lie, no copy
-            out = ops.npu_rotary_mul(x, cos, sin, mode)
+            out = ops.npu_rotary_mul(x.contiguous(), cos, sin, mode)
         else:
             rot = ops.npu_rotary_mul(x[..., :self.rotary_dim].contiguous(), cos, sin, mode)
             out = torch.cat((rot, x[..., self.rotary_dim:]), dim=-1)
