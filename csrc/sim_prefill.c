@@ -3,13 +3,15 @@
  * TND rows of more than one token: prefill, chunked prefill, prefix-cache hits).
  *
  * Same result as the per-row kernel (sim_kernels.c one_request), computed the way a
- * flash-attention kernel does: keys in chunks of KC, each chunk's K transposed once and
- * its scores for every row of the tile (m rows x g query heads of one KV head) formed as
- * a small matrix product; softmax online (running maximum and sum, rescaled per chunk).
- * Rows go in register blocks of RB: each loaded K^T / V vector feeds RB rows' multiply-adds
- * (scores_block, values_block), each row's softmax on whole vectors (exp16, masks only on
- * a chunk the row sees in part). Against the row-at-a-time version (scalar softmax, V
- * reloaded per row): 16 x 512 causal 33 -> 18 ms, 64 x 128 13.5 -> 8-10 ms (one thread).
+ * flash-attention kernel does, over spans of up to SPAN keys: the span's K transposed once
+ * (in chunks of KC keys), then per register block of RB tile rows (m rows x g query heads
+ * of one KV head) three passes: the scores of every chunk the block sees (each loaded K^T
+ * vector feeds RB rows' multiply-adds; -inf outside a row's keys, masks only on a chunk
+ * the row sees in part), each row's maximum and probabilities once per span (exp16 on
+ * whole vectors), then p . V (each V vector loaded once for the RB rows). Across spans the
+ * softmax is online (running maximum and sum, the accumulators rescaled once per span).
+ * Against the softmax per 32-key chunk of session 19: 16 x 512 causal 12.4 -> 9.5 ms,
+ * 8 x 1024 24.4 -> 18.2 ms, 64 x 128 4.75 -> 4.3 ms (two threads, Zen 4).
  * Row r sees the keys [first[r], lens[r]); the caller puts the causal / band limits
  * there, masked keys weigh exactly 0. float32 caches without rope only (`tile_fits`); the
  * others run row by row.
@@ -28,6 +30,7 @@
 #define TILE_HEADS 64  /* rows x query heads of one KV head per tile, at most */
 #define TILE_ROWS 16
 #define RB 4           /* tile rows per register block (8 measured the same) */
+#define SPAN 512       /* keys per softmax span (its scores: RB x SPAN floats per block) */
 
 /* x[i][l] -> x[l][i]: at each of four levels h the off-diagonal h x h blocks of every
  * 2h x 2h block swap places (rows i and i + h exchange their lanes with bit h set and
@@ -72,72 +75,54 @@ static inline void row_keys(const pd_args *a, int64_t r0, int64_t g, int64_t M, 
     *e = hi < kn ? hi : kn;
 }
 
-/* Scores of RB tile rows against the chunk's KC keys (kt: the chunk's K transposed),
- * softmax'd online: the rows' probabilities into p (exactly 0 outside each row's keys),
- * each row's running maximum and sum updated, its rescale factor into alpha. */
+/* Scores of RB tile rows against a chunk's KC keys (kt: the chunk's K transposed) into
+ * s (row stride ld), keys outside each row's [f, e) as -inf; each row's running vector
+ * maximum vmax updated. */
 static inline __attribute__((always_inline)) void scores_block(
     const float *restrict qs, const float *restrict kt, int64_t D, const int64_t f[RB],
-    const int64_t e[RB], float *restrict p, float *restrict mx, float *restrict sm,
-    float alpha[RB]) {
-    v16 s[RB][KV];
+    const int64_t e[RB], float *restrict s, int64_t ld, float *restrict vmax) {
+    v16 x[RB][KV];
     for (int r = 0; r < RB; r++)
-        for (int v = 0; v < KV; v++) s[r][v] = (v16){0};
+        for (int v = 0; v < KV; v++) x[r][v] = (v16){0};
     for (int64_t d = 0; d < D; d++) {
         v16 k[KV];
         for (int v = 0; v < KV; v++) k[v] = ld16(kt + d * KC + 16 * v);
         for (int r = 0; r < RB; r++) {
             const float qd = qs[r * D + d];
-            for (int v = 0; v < KV; v++) s[r][v] += qd * k[v];
+            for (int v = 0; v < KV; v++) x[r][v] += qd * k[v];
         }
     }
     const v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     const v16i ninf = (v16i)((v16){0} - INFINITY);
     for (int r = 0; r < RB; r++) {
-        float *restrict pr = p + r * KC;
-        if (e[r] <= 0 || f[r] >= e[r]) {  /* no key of this chunk: nothing changes */
-            for (int v = 0; v < KV; v++) st16(pr + 16 * v, (v16){0});
-            alpha[r] = 1.0f;
-            continue;
-        }
-        v16i in[KV];
         const int whole = f[r] <= 0 && e[r] >= KC;
-        v16 top = (v16){0} - INFINITY;
+        v16 top = ld16(vmax + 16 * r);
         for (int v = 0; v < KV; v++) {
-            in[v] = ~(v16i){0};  /* every lane */
             if (!whole) {
                 const v16i j = lane + 16 * v;
-                in[v] = (j >= (int32_t)f[r]) & (j < (int32_t)e[r]);
-                s[r][v] = (v16)(((v16i)s[r][v] & in[v]) | (ninf & ~in[v]));
+                const v16i in = (j >= (int32_t)f[r]) & (j < (int32_t)e[r]);
+                x[r][v] = (v16)(((v16i)x[r][v] & in) | (ninf & ~in));
             }
-            top = max16(top, s[r][v]);
+            top = max16(top, x[r][v]);
+            st16(s + r * ld + 16 * v, x[r][v]);
         }
-        const float mc = hmax16(top), mnew = mc > mx[r] ? mc : mx[r];
-        alpha[r] = mx[r] == -INFINITY ? 0.0f : exp_nonpositive(mx[r] - mnew);
-        v16 total = {0};
-        for (int v = 0; v < KV; v++) {
-            v16 pv = exp16(s[r][v] - mnew);
-            if (!whole) pv = (v16)((v16i)pv & in[v]);
-            total += pv;
-            st16(pr + 16 * v, pv);
-        }
-        sm[r] = sm[r] * alpha[r] + hadd16(total);
-        mx[r] = mnew;
+        st16(vmax + 16 * r, top);
     }
 }
 
-/* acc rows (RB of them, Dv wide) = alpha * acc + p . V over the chunk's keys [j0, j1):
- * NV vectors of each row's values in registers at a time, each value vector loaded once
- * for the RB rows. */
+/* acc rows (RB of them, Dv wide) = alpha * acc + p . V over the keys [j0, j1) (p: the
+ * rows' probabilities, row stride ld): NV vectors of each row's values in registers at a
+ * time, each value vector loaded once for the RB rows. */
 static inline __attribute__((always_inline)) void values_block(
-    float *restrict acc, int64_t Dv, int64_t d0, int NV, const float *restrict p,
-    const float alpha[RB], const float *const vrow[KC], int64_t j0, int64_t j1) {
+    float *restrict acc, int64_t Dv, int64_t d0, int NV, const float *restrict p, int64_t ld,
+    const float alpha[RB], const float *const *vrow, int64_t j0, int64_t j1) {
     v16 x[RB][2];
     for (int r = 0; r < RB; r++)
         for (int v = 0; v < NV; v++) x[r][v] = ld16(acc + r * Dv + d0 + 16 * v) * alpha[r];
     for (int64_t j = j0; j < j1; j++) {
         const v16 v0 = ld16(vrow[j] + d0), v1 = NV > 1 ? ld16(vrow[j] + d0 + 16) : v0;
         for (int r = 0; r < RB; r++) {
-            const float pj = p[r * KC + j];
+            const float pj = p[r * ld + j];
             x[r][0] += pj * v0;
             if (NV > 1) x[r][1] += pj * v1;
         }
@@ -146,16 +131,43 @@ static inline __attribute__((always_inline)) void values_block(
         for (int v = 0; v < NV; v++) st16(acc + r * Dv + d0 + 16 * v, x[r][v]);
 }
 
+/* K rows [c0, c0 + KC) of the span (krow: the span's row pointers, kn of them from c0)
+ * transposed into kt [D, KC]: 16 x 16 blocks in registers where D is whole vectors; past
+ * the last key the lanes repeat the chunk's first (every row masks them). */
+static inline void transpose_chunk(const float *const *krow, int64_t kn, int64_t D,
+                                   float *restrict kt) {
+    if (D % 16 == 0) {
+        const float *rows[KC];
+        for (int64_t j = 0; j < KC; j++) rows[j] = krow[j < kn ? j : 0];
+        for (int64_t j0 = 0; j0 < KC; j0 += 16)
+            for (int64_t d0 = 0; d0 < D; d0 += 16) {
+                v16 x[16];
+                for (int i = 0; i < 16; i++) x[i] = ld16(rows[j0 + i] + d0);
+                transpose16(x);
+                for (int i = 0; i < 16; i++) st16(kt + (d0 + i) * KC + j0, x[i]);
+            }
+        return;
+    }
+    for (int64_t j = 0; j < KC; j++)
+        for (int64_t d = 0; d < D; d++) kt[d * KC + j] = j < kn ? krow[j][d] : 0.0f;
+}
+
 CLONES
 int prefill_tile(const pd_args *a, int64_t r0, int64_t m, scratch *s) {
     const int64_t N = a->N, H = a->H, D = a->D, Dv = a->Dv, g = N / H, M = m * g;
     const int64_t Mp = (M + RB - 1) / RB * RB;  /* whole register blocks */
     const float *kc = a->k, *vc = a->v;
-    /* buffers: q [Mp, D], kt [D, KC], p [Mp, KC], acc [Mp, Dv], mx [Mp], sm [Mp] */
-    if (grow(&s->tile, &s->cap_tile, (size_t)(Mp * D + D * KC + Mp * KC + Mp * Dv + 2 * Mp)))
+    /* buffers: q [Mp, D], kt [SPAN / KC, D, KC], scores [Mp, SPAN], acc [Mp, Dv],
+     * mx, sm [Mp], vmax [Mp, 16], the span's K and V row pointers [2 * SPAN] */
+    const size_t ptrs = (2 * SPAN * sizeof(float *) + sizeof(float) - 1) / sizeof(float);
+    if (grow(&s->tile, &s->cap_tile,
+             (size_t)(Mp * D + D * SPAN + Mp * SPAN + Mp * Dv + 2 * Mp + 16 * Mp) + ptrs + 16))
         return -1;
-    float *restrict qs = s->tile, *restrict kt = qs + Mp * D, *restrict sc = kt + D * KC;
-    float *restrict acc = sc + Mp * KC, *restrict mx = acc + Mp * Dv, *restrict sm = mx + Mp;
+    float *restrict qs = s->tile, *restrict kt = qs + Mp * D, *restrict sc = kt + D * SPAN;
+    float *restrict acc = sc + Mp * SPAN, *restrict mx = acc + Mp * Dv, *restrict sm = mx + Mp;
+    float *restrict vmax = sm + Mp;
+    const float **krow = (const float **)(void *)(vmax + 16 * Mp);
+    const float **vrow = krow + SPAN;
     const int32_t *blocks = table_row(a, r0);
     int64_t lo = INT64_MAX, hi = 0;
     for (int64_t r = r0; r < r0 + m; r++)
@@ -177,48 +189,70 @@ int prefill_tile(const pd_args *a, int64_t r0, int64_t m, scratch *s) {
         }
         memset(acc, 0, (size_t)(Mp * Dv) * sizeof(float));
         int64_t blk_at = lo / a->bs, off = lo % a->bs;  /* walks with the keys */
-        for (int64_t c0 = lo; c0 < hi; c0 += KC) {
-            const int64_t kn = hi - c0 < KC ? hi - c0 : KC;
-            const float *vrow[KC], *krow[KC];
-            for (int64_t j = 0; j < kn; j++) {
+        for (int64_t s0 = lo; s0 < hi; s0 += SPAN) {
+            const int64_t sn = hi - s0 < SPAN ? hi - s0 : SPAN;
+            for (int64_t j = 0; j < sn; j++) {
                 const int64_t blk = blocks[blk_at];
                 krow[j] = kc + blk * a->k_blk + off * a->k_tok + h * a->k_head;
                 vrow[j] = vc + blk * a->v_blk + off * a->v_tok + h * a->v_head;
                 if (++off == a->bs) off = 0, blk_at++;
             }
-            if (D % 16 == 0) {
-                /* 16 x 16 blocks transposed in registers; past the chunk's last key the
-                 * lanes repeat its first (every row masks them) */
-                for (int64_t j = kn; j < KC; j++) krow[j] = krow[0];
-                for (int64_t j0 = 0; j0 < KC; j0 += 16)
-                    for (int64_t d0 = 0; d0 < D; d0 += 16) {
-                        v16 x[16];
-                        for (int i = 0; i < 16; i++) x[i] = ld16(krow[j0 + i] + d0);
-                        transpose16(x);
-                        for (int i = 0; i < 16; i++) st16(kt + (d0 + i) * KC + j0, x[i]);
-                    }
-            } else {
-                for (int64_t j = 0; j < KC; j++)
-                    for (int64_t d = 0; d < D; d++) kt[d * KC + j] = j < kn ? krow[j][d] : 0.0f;
-            }
+            for (int64_t c = 0; c < sn; c += KC)
+                transpose_chunk(krow + c, sn - c < KC ? sn - c : KC, D, kt + c * D);
             for (int64_t i = 0; i < Mp; i += RB) {
-                int64_t f[RB], e[RB], j0 = KC, j1 = 0;
+                /* the block's keys in this span: [j0, j1) (whole chunks from j0's) */
+                int64_t j0 = sn, j1 = 0;
                 for (int r = 0; r < RB; r++) {
-                    row_keys(a, r0, g, M, i + r, c0, kn, &f[r], &e[r]);
-                    if (e[r] > 0 && f[r] < e[r]) {
-                        const int64_t from = f[r] > 0 ? f[r] : 0;
+                    int64_t f, e;
+                    row_keys(a, r0, g, M, i + r, s0, sn, &f, &e);
+                    if (e > 0 && f < e) {
+                        const int64_t from = f > 0 ? f : 0;
                         j0 = from < j0 ? from : j0;
-                        j1 = e[r] > j1 ? e[r] : j1;
+                        j1 = e > j1 ? e : j1;
                     }
                 }
-                if (j1 == 0) continue;  /* no row of the block sees a key of this chunk */
-                float alpha[RB];
-                scores_block(qs + i * D, kt, D, f, e, sc + i * KC, mx + i, sm + i, alpha);
+                if (j1 == 0) continue;  /* no row of the block sees a key of this span */
+                j0 = j0 / KC * KC;
+                float alpha[RB], *restrict p = sc + i * SPAN;
+                /* pass 1: scores, -inf outside each row's keys */
+                for (int r = 0; r < RB; r++) st16(vmax + 16 * (i + r), (v16){0} - INFINITY);
+                for (int64_t c = j0; c < j1; c += KC) {
+                    const int64_t kn = sn - c < KC ? sn - c : KC;
+                    int64_t f[RB], e[RB];
+                    for (int r = 0; r < RB; r++)
+                        row_keys(a, r0, g, M, i + r, s0 + c, kn, &f[r], &e[r]);
+                    scores_block(qs + i * D, kt + c * D, D, f, e, p + c, SPAN, vmax + 16 * i);
+                }
+                /* pass 2: each row's maximum once per span, its probabilities */
+                const int64_t cend = (j1 + KC - 1) / KC * KC;
+                for (int r = 0; r < RB; r++) {
+                    const int64_t t = i + r;
+                    const float mc = hmax16(ld16(vmax + 16 * t));
+                    float *restrict pr = p + r * SPAN;
+                    if (mc == -INFINITY) {  /* no key of this span: nothing changes */
+                        for (int64_t c = j0; c < cend; c += 16) st16(pr + c, (v16){0});
+                        alpha[r] = 1.0f;
+                        continue;
+                    }
+                    const float mnew = mc > mx[t] ? mc : mx[t];
+                    alpha[r] = mx[t] == -INFINITY ? 0.0f : exp_nonpositive(mx[t] - mnew);
+                    const v16i ninf = (v16i)((v16){0} - INFINITY);
+                    v16 total = {0};
+                    for (int64_t c = j0; c < cend; c += 16) {
+                        const v16 x = ld16(pr + c);
+                        const v16 pv = (v16)((v16i)exp16(x - mnew) & ((v16i)x != ninf));
+                        total += pv;
+                        st16(pr + c, pv);
+                    }
+                    sm[t] = sm[t] * alpha[r] + hadd16(total);
+                    mx[t] = mnew;
+                }
+                /* pass 3: values */
                 int64_t d0 = 0;
                 for (; d0 + 32 <= Dv; d0 += 32)
-                    values_block(acc + i * Dv, Dv, d0, 2, sc + i * KC, alpha, vrow, j0, j1);
+                    values_block(acc + i * Dv, Dv, d0, 2, p, SPAN, alpha, vrow, j0, j1);
                 if (d0 < Dv)
-                    values_block(acc + i * Dv, Dv, d0, 1, sc + i * KC, alpha, vrow, j0, j1);
+                    values_block(acc + i * Dv, Dv, d0, 1, p, SPAN, alpha, vrow, j0, j1);
             }
         }
         for (int64_t i = 0; i < M; i++) {

@@ -417,22 +417,26 @@ def test_prefill_rows_match_reference_for_any_key_limits(heads, kv_heads, dim, d
     vectors), each row with its own key range [first, lens): causal, banded, empty, all
     keys. Equal to a float64 softmax over exactly those keys, with the same result for 1
     and 3 threads of the kernel's own pool and on torch's OpenMP team (a tile is one
-    thread's work)."""
+    thread's work). Rows of up to 1,100 keys span several of the kernel's softmax spans.
+    """
     from vllm_npu.ops.sim import paged_decode as pd
 
     g = torch.Generator().manual_seed(heads * 100 + dim)
-    kv_lens = [300, 45, 1, 129, 260]
+    kv_lens = [300, 45, 1, 129, 1100, 260]
     keys = [torch.randn(n, kv_heads, dim, generator=g) for n in kv_lens]
     values = [torch.randn(n, kv_heads, dim_v, generator=g) for n in kv_lens]
-    k_cache, table = _paged(keys, 16, seed=5)
-    v_cache, _ = _paged(values, 16, seed=5)
-    q_lens = [70, 45, 1, 33, 20]
-    row_of = torch.repeat_interleave(torch.arange(5), torch.tensor(q_lens))
+    k_cache, table = _paged(keys, 24, seed=5)
+    v_cache, _ = _paged(values, 24, seed=5)
+    q_lens = [70, 45, 1, 33, 30, 20]
+    row_of = torch.repeat_interleave(torch.arange(6), torch.tensor(q_lens))
     pos = torch.cat([torch.arange(kv - q, kv) for q, kv in zip(q_lens, kv_lens)])
     lens = pos + 1  # causal
     first = torch.zeros_like(lens)
     first[:70] = (pos[:70] - 37).clamp(min=0)  # request 0: a band of 38 keys
     lens[70:80] = 0  # request 1: ten rows see no key
+    # request 4: keys over several of the kernel's softmax spans (512), ten rows a band
+    # of 600 keys that starts inside one span and ends in another
+    first[149:159] = pos[149:159] - 599
     lens[-20:] = kv_lens[-1]  # request 4: every key
     q = torch.randn(len(row_of), heads, dim, generator=g)
     results = []

@@ -5,9 +5,20 @@ tracked explicitly: tensors registered as resident (weights, KV cache) and, duri
 profile run, the peak of activation bytes, measured by a dispatch mode that follows every
 op's outputs until their last Python reference dies. Temporaries inside one simulated
 kernel are not counted: on a device they live in the kernel's on-chip workspace.
+
+Where the bytes come from: a device's framework allocates device memory through a caching
+allocator (torch_npu's NPUCachingAllocator) that keeps freed blocks for the next op; the
+simulated device's tensors come from the host's heap, whose allocator (glibc, by
+default) maps a large allocation anew each time and gives the heap's free top back to the
+OS: an eager prefill's 8-16 MiB activations were faulted in, page by page, on every
+forward. `keep_freed_heap` makes the heap keep and reuse them as the caching allocator does
+(a 64 x 512-token prefill's gate/up projection, 16 MiB out: 9.3 -> 5.5 ms per call in the
+engine; test_worker_parts.py counts the page faults).
 """
 from __future__ import annotations
 
+import ctypes
+import logging
 import weakref
 from collections import Counter
 
@@ -15,7 +26,35 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+logger = logging.getLogger("vllm.npu")
+
 _resident: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+# allocations up to this size come from the heap (larger ones, a KV cache, are mapped on
+# their own and returned when freed); free memory at the heap's top is kept up to
+# HEAP_KEEP_FREE
+HEAP_MAX_ALLOCATION = 256 << 20
+HEAP_KEEP_FREE = 1 << 30
+
+
+def keep_freed_heap() -> bool:
+    """Keep the process heap's freed memory for reuse (see the module doc). True where the
+    C library took the settings (glibc); elsewhere nothing changes."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        logger.debug("vllm_npu: no mallopt in this C library; heap left as it is")
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # the mmap threshold first: setting either fixes both (glibc stops adapting them)
+    if mallopt(_M_MMAP_THRESHOLD, HEAP_MAX_ALLOCATION) != 1 \
+            or mallopt(_M_TRIM_THRESHOLD, HEAP_KEEP_FREE) != 1:
+        logger.warning("vllm_npu: the C library refused the heap settings; large simulated "
+                       "device tensors are faulted in on every allocation")
+        return False
+    return True
 
 
 def register_resident(tensors) -> None:

@@ -20,6 +20,7 @@ from vllm.v1.worker.worker_base import CompilationTimes
 from vllm_npu.device import log_backend, select_backend
 from vllm_npu.ops.sim import cores
 from vllm_npu.worker.accelerator import on_npu_runtime
+from vllm_npu.worker.sim_memory import PeakMemoryTracker, keep_freed_heap, register_resident
 from vllm_npu.worker.sleep import SleepState
 
 logger = logging.getLogger("vllm.npu")
@@ -35,6 +36,7 @@ class NPUWorker(Worker):
         log_backend()
         if self.simulated:
             self.device = torch.device("cpu")
+            keep_freed_heap()  # device memory that is reused, not returned to the OS
             parallel = self.parallel_config  # ranks sharing this host's CPUs
             cores.set_ranks_on_host(parallel.local_world_size
                                     * max(1, parallel.data_parallel_size_local))
@@ -63,8 +65,6 @@ class NPUWorker(Worker):
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         super().load_model(load_dummy_weights=load_dummy_weights)
         if self.simulated:
-            from vllm_npu.worker.sim_memory import register_resident
-
             model = self.model_runner.get_model()
             register_resident(list(model.parameters()) + list(model.buffers()))
 
@@ -72,8 +72,6 @@ class NPUWorker(Worker):
     def initialize_from_config(self, kv_cache_config) -> None:
         super().initialize_from_config(kv_cache_config)
         if self.simulated:
-            from vllm_npu.worker.sim_memory import register_resident
-
             register_resident(t for t in self.model_runner.kv_caches if t is not None)
 
     @on_npu_runtime
@@ -111,8 +109,6 @@ class NPUWorker(Worker):
         weight_bytes = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                             for t in list(model.parameters()) + list(model.buffers())}.values())
         if self.simulated:
-            from vllm_npu.worker.sim_memory import PeakMemoryTracker
-
             if self.compilation_config.mode != CompilationMode.NONE:
                 # Dynamo refuses to trace under a dispatch mode: compile first, measure after.
                 self.model_runner.profile_run()
