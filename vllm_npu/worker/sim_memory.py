@@ -9,9 +9,9 @@ kernel are not counted: on a device they live in the kernel's on-chip workspace.
 Where the bytes come from: a device's framework allocates device memory through a caching
 allocator (torch_npu's NPUCachingAllocator) that keeps freed blocks for the next op; the
 simulated device's tensors come from the host's heap, whose allocator (glibc, by
-default) maps a large allocation anew each time and gives the heap's free top back to the
-OS: an eager prefill's 8-16 MiB activations were faulted in, page by page, on every
-forward. `keep_freed_heap` makes the heap keep and reuse them as the caching allocator does
+default) maps a large allocation anew or takes it from fresh pages, and gives the heap's
+free top back to the OS: an eager prefill's 8-16 MiB activations were faulted in, page by
+page, on every forward. `keep_freed_heap` makes the heap keep and reuse them as the caching allocator does
 (a 64 x 512-token prefill's gate/up projection, 16 MiB out: 9.3 -> 5.5 ms per call in the
 engine; test_worker_parts.py counts the page faults).
 """
