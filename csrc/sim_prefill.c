@@ -29,7 +29,7 @@
                         * prompts: more of the diagonal chunk masked) */
 #define KV (KC / 16)
 #define TILE_HEADS 64  /* rows x query heads of one KV head per tile, at most */
-#define TILE_ROWS 32     /* with spans, 6-8% faster than 16 (fewer K transposes per key) */
+#define TILE_ROWS 32  /* with spans, 6-8% faster than 16 (fewer K transposes per key) */
 #define RB 4           /* tile rows per register block (8 measured the same) */
 #define SPAN 512       /* keys per softmax span (its scores: RB x SPAN floats per block) */
 
@@ -215,16 +215,15 @@ int prefill_tile(const pd_args *a, int64_t r0, int64_t m, scratch *s) {
                 }
                 if (j1 == 0) continue;  /* no row of the block sees a key of this span */
                 j0 = j0 / KC * KC;
-                float alpha[RB], *restrict p = sc + i * SPAN;
+                float alpha[RB], *restrict p = sc + i * SPAN, *restrict vm = vmax + 16 * i;
                 /* pass 1: scores, -inf outside each row's keys */
-                for (int r = 0; r < RB; r++) st16(vmax + 16 * (i + r), (v16){0} - INFINITY);
+                for (int r = 0; r < RB; r++) st16(vm + 16 * r, (v16){0} - INFINITY);
                 for (int64_t c = j0; c < j1; c += KC) {
                     const int64_t kn = sn - c < KC ? sn - c : KC;
                     int64_t f[RB], e[RB];
                     for (int r = 0; r < RB; r++)
                         row_keys(a, r0, g, M, i + r, s0 + c, kn, &f[r], &e[r]);
                     /* a block's last chunk may end in its first vector (the diagonal) */
-                    float *restrict vm = vmax + 16 * i;
                     if (j1 - c > 16)
                         scores_block(qs + i * D, kt + c * D, D, f, e, p + c, SPAN, vm, 2);
                     else
@@ -232,9 +231,10 @@ int prefill_tile(const pd_args *a, int64_t r0, int64_t m, scratch *s) {
                 }
                 /* pass 2: each row's maximum once per span, its probabilities */
                 const int64_t cend = (j1 + 15) / 16 * 16;
+                const v16i ninf = (v16i)((v16){0} - INFINITY);
                 for (int r = 0; r < RB; r++) {
                     const int64_t t = i + r;
-                    const float mc = hmax16(ld16(vmax + 16 * t));
+                    const float mc = hmax16(ld16(vm + 16 * r));
                     float *restrict pr = p + r * SPAN;
                     if (mc == -INFINITY) {  /* no key of this span: nothing changes */
                         for (int64_t c = j0; c < cend; c += 16) st16(pr + c, (v16){0});
@@ -243,7 +243,6 @@ int prefill_tile(const pd_args *a, int64_t r0, int64_t m, scratch *s) {
                     }
                     const float mnew = mc > mx[t] ? mc : mx[t];
                     alpha[r] = mx[t] == -INFINITY ? 0.0f : exp_nonpositive(mx[t] - mnew);
-                    const v16i ninf = (v16i)((v16){0} - INFINITY);
                     v16 total = {0};
                     for (int64_t c = j0; c < cend; c += 16) {
                         const v16 x = ld16(pr + c);

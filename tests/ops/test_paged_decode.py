@@ -437,7 +437,7 @@ def test_prefill_rows_match_reference_for_any_key_limits(heads, kv_heads, dim, d
     # request 4: keys over several of the kernel's softmax spans (512), ten rows a band
     # of 600 keys that starts inside one span and ends in another
     first[149:159] = pos[149:159] - 599
-    lens[-20:] = kv_lens[-1]  # request 4: every key
+    lens[-20:] = kv_lens[-1]  # request 5: every key
     q = torch.randn(len(row_of), heads, dim, generator=g)
     results = []
     with monkeypatch.context() as patch:  # the kernel's own pool

@@ -90,9 +90,9 @@ def test_peak_tracker_counts_live_outputs_only():
     assert tracker.current == 0
 
 
-
 _FORWARDS = """
 import resource, sys, torch
+torch.set_num_threads(1)
 if sys.argv[1] == "keep":
     from vllm_npu.worker.sim_memory import keep_freed_heap
     assert keep_freed_heap()
@@ -101,24 +101,29 @@ def forward():  # an 8,192-token prefill chunk's activations, each op's input fr
     for width in (256, 128, 128, 512, 256, 128):
         x = torch.ones(8192, width) + x[:, :1]
 faults = []
-for _ in range(8):
+for _ in range(12):  # the kept heap settles within the first five or so
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     forward()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(max(faults[4:]))
+print(max(faults[6:]))
 """
 
 
 def test_the_simulated_device_heap_reuses_freed_memory():
     """A device's caching allocator hands freed blocks to the next allocations; the
     simulated device's heap does the same once `keep_freed_heap` ran: forwards after the
-    first few take no page faults, where glibc's default maps the 16 MiB outputs anew on
-    every forward (thousands of 4-KiB pages faulted in each time)."""
+    first few take no page faults (every one of three processes), where with glibc's
+    defaults the 8-16 MiB outputs come from fresh pages forward after forward (thousands of
+    4-KiB pages; in about one process in four the default heap settles too, so four are
+    run and one must show it)."""
     import subprocess
     import sys
 
-    faults = {mode: int(subprocess.run([sys.executable, "-c", _FORWARDS, mode], check=True,
-                                       capture_output=True, text=True).stdout)
-              for mode in ("default", "keep")}
-    assert faults["default"] > 4000, faults
-    assert faults["keep"] < 100, faults
+    def later_faults(mode: str) -> int:
+        return int(subprocess.run([sys.executable, "-c", _FORWARDS, mode], check=True,
+                                  capture_output=True, text=True).stdout)
+
+    default = [later_faults("default") for _ in range(4)]
+    kept = [later_faults("keep") for _ in range(3)]
+    assert max(default) > 4000, default
+    assert max(kept) < 100, kept

@@ -11,9 +11,10 @@ allocator (torch_npu's NPUCachingAllocator) that keeps freed blocks for the next
 simulated device's tensors come from the host's heap, whose allocator (glibc, by
 default) maps a large allocation anew or takes it from fresh pages, and gives the heap's
 free top back to the OS: an eager prefill's 8-16 MiB activations were faulted in, page by
-page, on every forward. `keep_freed_heap` makes the heap keep and reuse them as the caching allocator does
-(a 64 x 512-token prefill's gate/up projection, 16 MiB out: 9.3 -> 5.5 ms per call in the
-engine; test_worker_parts.py counts the page faults).
+page, on every forward. `keep_freed_heap` makes the heap keep and reuse them as the
+caching allocator does (a 64 x 512-token prefill's gate/up projection, 16 MiB out: 9.3 ->
+5.5 ms per call in the engine; test_worker_parts.py counts the page faults). The setting
+is the process's: the simulated device shares its heap with the host code.
 """
 from __future__ import annotations
 
