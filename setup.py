@@ -66,7 +66,8 @@ setup(
         # -ffast-math, which would set flush-to-zero for the whole process
         Extension("vllm_npu.ops.sim.libnpu_sim_kernels",
                   sources=["csrc/sim_kernels.c", "csrc/sim_prefill.c", "csrc/sim_decode.c",
-                           "csrc/sim_rows.c", "csrc/sim_program.c", "csrc/sim_gemm.c"],
+                           "csrc/sim_rows.c", "csrc/sim_program.c", "csrc/sim_gemm.c",
+                           "csrc/sim_index.c"],
                   depends=["csrc/sim_math.h", "csrc/sim_paged.h", "csrc/sim_vec.h"],
                   extra_compile_args=["-O3", *COMMON, "-fopenmp-simd", "-fno-math-errno",
                                       "-fno-trapping-math", "-Wno-psabi"],

@@ -50,6 +50,7 @@ def _count_work(worker) -> None:
     from vllm_npu import ops
 
     stats = {"stored": 0, "lse_calls": 0, "query_rows": 0}
+    _fresh_slots(worker)  # every replay's cache write then passes through the op (counted)
 
     def wrap(name: str, count) -> None:
         original = getattr(ops, name)
@@ -174,15 +175,32 @@ def test_dcp2_on_tp4_matches_hf(tiny_models, parity_dtype):
     assert got == [hf_greedy(path, p, 12) for p in prompts]
 
 
+def _fresh_slots(worker) -> None:
+    """int32 slots made fresh each step (the builder normally writes them into one mirror
+    buffer, where a captured cache-write task keeps finding them): every FULL replay then
+    re-issues its cache write, through the op surface."""
+    import torch
+
+    from vllm_npu.attention.backend import NPUAttentionMetadataBuilder
+
+    NPUAttentionMetadataBuilder._int32_slots = lambda self, slots: slots.to(torch.int32)
+    for groups in worker.model_runner.attn_groups:  # graphs captured at startup read these
+        for group in groups:
+            for builder in group.metadata_builders:
+                builder._slots_mirror = None
+
+
 def _skip_graph_updates(worker) -> None:
     from vllm_npu.attention.backend import NPUAttentionImpl
 
     NPUAttentionImpl.update_graph_params = lambda *args, **kwargs: None
+    _fresh_slots(worker)
 
 
 def test_dcp_decode_graphs_need_the_update_hook(models, parity_dtype):
     """Replaying DCP decode graphs without the hook (skipped in the workers) would run the
-    capture's tasks, whose slot mapping was freed after the capture: the workers refuse
+    capture's tasks, whose slot mapping (made fresh each step here) was freed after the
+    capture: the workers refuse
     the replay (a device would write the new K/V through reused memory). Synchronous
     scheduling: under async scheduling vLLM 0.33's multiprocessing executor reports a
     worker's execute_model exception as a KeyError in the scheduler's update, not as the

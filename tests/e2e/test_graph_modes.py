@@ -89,15 +89,41 @@ def test_every_graph_mode_gives_hf_tokens(tiny_models, parity_dtype, expected, m
 def test_skipping_the_update_hook_refuses_full_replay(tiny_models, parity_dtype,
                                                       monkeypatch):
     """Proof of strictness: without the hook a replayed task still points at the capture's
-    arguments, and the capture batch's slot mapping was freed after the capture (a device
-    would scatter the new K/V through whatever memory took its place): refused."""
-    from vllm_npu.attention.backend import NPUAttentionImpl
+    arguments; with int32 slots made fresh each step (the builder normally writes them into
+    one mirror buffer), the capture batch's slot mapping was freed after the capture (a
+    device would scatter the new K/V through whatever memory took its place): refused."""
+    import torch
+
+    from vllm_npu.attention.backend import NPUAttentionImpl, NPUAttentionMetadataBuilder
     from vllm_npu.ops.sim.checks import NPUOpError
 
     monkeypatch.setattr(NPUAttentionImpl, "update_graph_params", lambda *a, **k: None)
+    monkeypatch.setattr(NPUAttentionMetadataBuilder, "_int32_slots",
+                        lambda self, slots: slots.to(torch.int32))
     with pytest.raises(NPUOpError, match=r"task _npu_reshape_and_cache points at a freed "
                                          r"torch.int32 tensor"):
         _run(tiny_models["llama"], parity_dtype)  # FULL_DECODE_ONLY
+
+
+def test_cache_write_task_reissued_only_when_its_slots_moved(tiny_models, parity_dtype,
+                                                             expected, mocker, monkeypatch):
+    """The builder's int32 slots sit where the captured cache-write task reads them: FULL
+    replays re-issue the attention task only (as vllm-ascend does), and the tokens match.
+    With slots made fresh each step, every replay re-issues the cache write too."""
+    import torch
+
+    from vllm_npu.attention.backend import NPUAttentionImpl, NPUAttentionMetadataBuilder
+
+    writes = mocker.spy(NPUAttentionImpl, "_write_cache")
+    got, replays, updates, _, _ = _run(tiny_models["llama"], parity_dtype)
+    assert got == expected and replays > 0 and updates > 0
+    in_updates = writes.call_count
+    monkeypatch.setattr(NPUAttentionMetadataBuilder, "_int32_slots",
+                        lambda self, slots: slots.to(torch.int32))
+    got, replays, updates, _, _ = _run(tiny_models["llama"], parity_dtype)
+    assert got == expected
+    # each layer's update re-issues its cache write now (llama: 2 layers, one per update)
+    assert writes.call_count - in_updates >= in_updates + updates
 
 
 def test_attention_task_replays_its_captured_lengths_without_an_update(

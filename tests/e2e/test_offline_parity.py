@@ -137,3 +137,20 @@ def test_linear_layers_compute_with_the_simulated_matmul(engine, monkeypatch):
     assert calls  # the oneDNN branch ran
     assert len(heads) >= 8 and all(shape[-1] == model.lm_head.weight.shape[1]
                                    for shape in heads)  # a projection per step
+
+
+def test_greedy_tokens_come_from_the_native_argmax(engine, monkeypatch):
+    """The runner's sampler is the simulated NPU's (worker/sampler.py): every greedy step's
+    tokens come from the native argmax, and still match HF."""
+    from vllm_npu.ops.sim import index_kernels
+    from vllm_npu.worker.sampler import SimSampler
+
+    arch, path, llm = engine
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    assert type(runner.sampler) is SimSampler
+    rows = []
+    real = index_kernels.argmax_rows
+    monkeypatch.setattr(index_kernels, "argmax_rows", lambda x: rows.append(x.shape) or real(x))
+    prompts = [random_prompt(70 + i, 12 + 9 * i, _vocab(path)) for i in range(3)]
+    assert _generate(llm, prompts, max_tokens=6) == [hf_greedy(path, p, 6) for p in prompts]
+    assert len(rows) >= 6 and all(shape[1] == _vocab(path) for shape in rows)

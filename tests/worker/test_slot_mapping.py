@@ -1,9 +1,11 @@
-"""The vectorised slot mapping vs a per-token reference written from the definition."""
+"""The slot mapping (the simulated NPU's native kernel and the vectorised torch path) vs a
+per-token reference written from the definition."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+from vllm_npu.ops.sim import index_kernels, native
 from vllm_npu.worker.slot_mapping import compute_slot_mapping
 
 PAD = -1
@@ -25,9 +27,19 @@ def reference(query_lens, positions, block_table, bs, world, rank, inter):
     return out
 
 
+@pytest.fixture(params=["native", "torch"])
+def path(request, monkeypatch):
+    """Each case on the native kernel (asserted taken) and on the torch path."""
+    if request.param == "torch":
+        monkeypatch.setattr(index_kernels, "slot_mapping", lambda *a: False)
+    else:
+        assert native.library() is not None, "the native library was not built"
+    return request.param
+
+
 @pytest.mark.parametrize("world,rank,inter", [(1, 0, 1), (2, 0, 1), (2, 1, 1), (2, 1, 4),
                                               (4, 3, 16)])
-def test_matches_reference_with_context_parallel_interleave(world, rank, inter):
+def test_matches_reference_with_context_parallel_interleave(path, world, rank, inter):
     g = torch.Generator().manual_seed(world * 10 + rank + inter)
     bs, max_reqs, max_blocks = 16, 6, 12
     query_lens = [5, 1, 37, 16, 1]  # prefills, decodes, block boundaries
@@ -43,6 +55,35 @@ def test_matches_reference_with_context_parallel_interleave(world, rank, inter):
     want = reference(query_lens, positions, block_table, bs, world, rank, inter)
     assert slot_mapping[:num_tokens].tolist() == want
     assert slot_mapping[num_tokens:].tolist() == [PAD] * 7  # padding for graph replay
+
+
+def _batch(positions):
+    block_table = torch.arange(12, dtype=torch.int32).view(3, 4)
+    qsl = torch.tensor([0, 2, len(positions)], dtype=torch.int32)
+    return qsl, torch.tensor(positions), block_table, torch.zeros(8, dtype=torch.int64)
+
+
+def test_native_kernel_taken_and_refuses_a_position_past_the_table():
+    qsl, positions, block_table, out = _batch([3, 17, 63, 2])
+    assert index_kernels.slot_mapping(4, 8, qsl, positions, block_table, 4, out, 16, 1, 0,
+                                      1, PAD)
+    assert out.tolist() == [3, 17, 4 * 16 + 63 % 16 + 3 * 16, 4 * 16 + 2] + [PAD] * 4
+    qsl, positions, block_table, out = _batch([3, 17, 64, 2])  # block 4 of a 4-block row
+    with pytest.raises(IndexError, match="token 2 at position 64 is outside"):
+        compute_slot_mapping(4, 8, qsl, positions, block_table, 4, out, 16)
+    with pytest.raises(ValueError, match=r"query_start_loc \[0, 2, 5\] does not split"):
+        compute_slot_mapping(4, 8, torch.tensor([0, 2, 5], dtype=torch.int32), positions,
+                             block_table, 4, out, 16)
+
+
+def test_native_kernel_leaves_other_layouts_to_torch():
+    qsl, positions, block_table, out = _batch([3, 17, 63, 2])
+    assert not index_kernels.slot_mapping(4, 8, qsl.long(), positions, block_table, 4, out,
+                                          16, 1, 0, 1, PAD)
+    assert not index_kernels.slot_mapping(4, 8, qsl, positions, block_table.t(), 4, out, 16,
+                                          1, 0, 1, PAD)
+    compute_slot_mapping(4, 8, qsl.long(), positions, block_table, 4, out, 16)
+    assert out.tolist() == [3, 17, 4 * 16 + 63 % 16 + 3 * 16, 4 * 16 + 2] + [PAD] * 4
 
 
 def test_registered_as_vllms_kernel_override():

@@ -50,6 +50,7 @@ from vllm_npu.attention.prefill_context_parallel import (
 from vllm_npu.compilation.graph_backend import get_graph_backend
 from vllm_npu.compilation.graph_params import GRAPH_PARAMS, AttentionTasks
 from vllm_npu.config import get_npu_config
+from vllm_npu.ops.sim.task_args import DeviceRef
 
 MASK_SIDE = 2048  # the fused op's compressed causal mask is always 2048 x 2048
 
@@ -182,6 +183,7 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
         self.pcp_world = parallel.prefill_context_parallel_size
         self.dcp_interleave = parallel.cp_kv_cache_interleave_size
         self.speculative = vllm_config.speculative_config is not None
+        self._slots_mirror: tuple[tuple[int, int], torch.Tensor] | None = None
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> NPUAttentionMetadata:
@@ -211,11 +213,27 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
             seq_lens_list=seq_lens_cpu.tolist(),
             seq_lens=seq_lens_cpu,
             block_table=cm.block_table_tensor[:n_reqs].to(torch.int32),
-            slot_mapping=cm.slot_mapping[:n_tokens].to(torch.int32),
+            slot_mapping=self._int32_slots(cm.slot_mapping[:n_tokens]),
             attn_mask=self.attn_mask,
             dcp=dcp,
             pcp=pcp,
         )
+
+
+    def _int32_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        """vLLM's int64 slots as the int32 the NPU ops take, written at the same place of
+        an int32 mirror of the buffer they are a view of (vLLM's per-step slot mapping):
+        a captured graph's cache-write task then finds each step's slots where it read
+        the captured ones, and views of one buffer (micro-batches) stay apart."""
+        if slots.dim() != 1 or not slots.is_contiguous():
+            return slots.to(torch.int32)
+        storage = slots.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes())
+        if self._slots_mirror is None or self._slots_mirror[0] != key:
+            self._slots_mirror = (key, torch.empty(storage.nbytes() // slots.element_size(),
+                                                   dtype=torch.int32, device=slots.device))
+        start = slots.storage_offset()
+        return self._slots_mirror[1][start:start + slots.numel()].copy_(slots)
 
 
 class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
@@ -433,7 +451,8 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         task, _ = as_task(backend if backend.is_capturing() else None, self._write_cache, key,
                           value, kv_cache, meta)
         if task is not None:
-            self._captured_cache_task = (task, key, value)
+            self._captured_cache_task = (task, key, value,
+                                         [DeviceRef(meta.slot_mapping), DeviceRef(kv_cache)])
 
     def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor, kv_cache: torch.Tensor,
@@ -475,21 +494,28 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
                         kv_cache: torch.Tensor, output: torch.Tensor, dcp=None,
                         workspace: torch.Tensor | None = None) -> None:
         # A layer sharing another layer's KV cache writes nothing: no cache task.
-        cache_write, key_n, value_n = self._captured_cache_task or (None, None, None)
+        cache_write, key_n, value_n, refs = self._captured_cache_task or (None, None, None, [])
         self._captured_cache_task = None
         GRAPH_PARAMS.register(get_forward_context().batch_descriptor, layer.layer_name,
                               AttentionTasks(cache_write=cache_write, attention=attention,
                                              kind=kind, query=query, key=key_n, value=value_n,
                                              kv_cache=kv_cache, output=output,
-                                             workspace=workspace, dcp=dcp))
+                                             workspace=workspace, dcp=dcp, cache_refs=refs))
 
     def update_graph_params(self, backend, stream, tasks: AttentionTasks,
                             meta: NPUAttentionMetadata) -> None:
-        """Re-issue this layer's captured tasks for a new batch (before a FULL replay)."""
-        if tasks.cache_write is not None:
+        """Re-issue this layer's captured tasks for a new batch (before a FULL replay). The
+        cache write reads its slots from device memory when replayed: with the batch's slots
+        where it last read them (the builder's mirror buffer) and the cache where it wrote
+        it, it has nothing to update; the attention takes host lengths and is always
+        re-issued (as vllm-ascend does)."""
+        refs = tasks.cache_refs
+        if tasks.cache_write is not None and not (
+                refs and refs[0].same_as(meta.slot_mapping) and refs[1].same_as(tasks.kv_cache)):
             backend.task_update_begin(stream, tasks.cache_write)
             self._write_cache(tasks.key, tasks.value, tasks.kv_cache, meta)
             backend.task_update_end(stream)
+            refs[:] = [DeviceRef(meta.slot_mapping), DeviceRef(tasks.kv_cache)]
         if tasks.kind != "dcp":
             backend.task_update_begin(stream, tasks.attention)
             self._attend(tasks.kind, tasks.query, tasks.kv_cache, meta, tasks.output,

@@ -19,6 +19,7 @@ import torch
 from vllm.forward_context import BatchDescriptor, ForwardContext
 
 from vllm_npu.compilation.graph_backend import get_graph_backend
+from vllm_npu.ops.sim.task_args import DeviceRef
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -34,6 +35,9 @@ class AttentionTasks:
     output: torch.Tensor        # [T, H, D]    where the graph reads the result
     workspace: torch.Tensor | None = None  # the attention task's, alive as long as it
     dcp: Any = None             # backend.DCPTasks with DCP
+    # where the cache-write task last read its slots and wrote the cache (list: refreshed
+    # by each update that re-issues it)
+    cache_refs: list[DeviceRef] = dataclasses.field(default_factory=list)
 
 
 class GraphParams:

@@ -51,7 +51,13 @@ def _current_device_index(*args, **kwargs) -> int:
     return 0
 
 
-def _replacements(simulated: bool) -> list[tuple[object, str, object]]:
+@functools.cache
+def _replacements(simulated: bool) -> tuple[tuple[object, str, object], ...]:
+    """The names swapped in (built once: the worker enters twice per step)."""
+    return tuple(_build_replacements(simulated))
+
+
+def _build_replacements(simulated: bool) -> list[tuple[object, str, object]]:
     if simulated:
         from vllm_npu.ops.sim import streams
 

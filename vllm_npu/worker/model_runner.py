@@ -15,7 +15,8 @@ attention backend; only its CUDA-specific leaves change here:
   - seeded sampling: CPU generators (simulated NPU) are rewound by state, not by Philox
     offset, when a partial prefill's sample is discarded (worker/seeded_sampling.py);
   - async scheduling's input ids placed with numpy, not a loop per request
-    (worker/async_input_ids.py).
+    (worker/async_input_ids.py);
+  - greedy sampling's argmax as one native call on the simulated NPU (worker/sampler.py).
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from vllm_npu.eplb.adaptor import moe_layers
 from vllm_npu.moe import expert_map
 from vllm_npu.ops.sim import cores
 from vllm_npu.worker.async_input_ids import VectorisedAsyncInputIds
+from vllm_npu.worker.sampler import use_sim_sampler
 from vllm_npu.worker.seeded_sampling import CPUGeneratorRewind
 
 logger = logging.getLogger("vllm.npu")
@@ -49,6 +51,11 @@ logger = logging.getLogger("vllm.npu")
 class NPUModelRunner(CPUGeneratorRewind, VectorisedAsyncInputIds, GPUModelRunner):
     npu_eplb = None  # EplbUpdator when EPLB is on (vLLM's own EplbState stays off)
     simulated = select_backend().simulated
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.simulated:
+            use_sim_sampler(self.sampler)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         super().load_model(*args, **kwargs)

@@ -50,6 +50,14 @@ class DeviceRef:
         return torch.empty(0, dtype=self.dtype).set_(storage, self.offset, self.shape,
                                                      self.stride)
 
+    def same_as(self, t: torch.Tensor) -> bool:
+        """t addresses this memory, still alive, with this layout (a task holding this
+        reads t's data)."""
+        storage = self.ref()
+        return storage is not None and storage.data_ptr() == self.base \
+            and t.data_ptr() == self.ptr and tuple(t.shape) == self.shape \
+            and t.stride() == self.stride and t.dtype == self.dtype
+
     def check(self, op: str) -> None:
         """Refuses a launch on this address once its memory was freed, or moved or shrunk
         (a storage resized, e.g. by sleep mode) since the task was issued."""
