@@ -219,7 +219,6 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
             pcp=pcp,
         )
 
-
     def _int32_slots(self, slots: torch.Tensor) -> torch.Tensor:
         """vLLM's int64 slots as the int32 the NPU ops take, written at the same place of
         an int32 mirror of the buffer they are a view of (vLLM's per-step slot mapping):
