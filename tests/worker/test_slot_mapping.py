@@ -32,9 +32,14 @@ def path(request, monkeypatch):
     """Each case on the native kernel (asserted taken) and on the torch path."""
     if request.param == "torch":
         monkeypatch.setattr(index_kernels, "slot_mapping", lambda *a: False)
-    else:
-        assert native.library() is not None, "the native library was not built"
-    return request.param
+        yield request.param
+        return
+    assert native.library() is not None, "the native library was not built"
+    taken, real = [], index_kernels.slot_mapping
+    monkeypatch.setattr(index_kernels, "slot_mapping", lambda *a: taken.append(real(*a)) or
+                        taken[-1])
+    yield request.param
+    assert taken and all(taken), taken
 
 
 @pytest.mark.parametrize("world,rank,inter", [(1, 0, 1), (2, 0, 1), (2, 1, 1), (2, 1, 4),

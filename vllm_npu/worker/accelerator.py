@@ -54,21 +54,17 @@ def _current_device_index(*args, **kwargs) -> int:
 @functools.cache
 def _replacements(simulated: bool) -> tuple[tuple[object, str, object], ...]:
     """The names swapped in (built once: the worker enters twice per step)."""
-    return tuple(_build_replacements(simulated))
-
-
-def _build_replacements(simulated: bool) -> list[tuple[object, str, object]]:
     if simulated:
         from vllm_npu.ops.sim import streams
 
-        return ([(torch.accelerator, "synchronize", _synchronize_streams),
-                 (torch.accelerator, "empty_cache", _empty_cache_noop),
-                 (torch.accelerator, "empty_host_cache", _empty_host_cache_noop),
-                 (torch.accelerator, "current_device_index", _current_device_index),
-                 (torch, "Event", streams.Event)]
-                + [(torch.cuda, name, getattr(streams, name)) for name in _STREAM_API])
+        return ((torch.accelerator, "synchronize", _synchronize_streams),
+                (torch.accelerator, "empty_cache", _empty_cache_noop),
+                (torch.accelerator, "empty_host_cache", _empty_host_cache_noop),
+                (torch.accelerator, "current_device_index", _current_device_index),
+                (torch, "Event", streams.Event),
+                *((torch.cuda, name, getattr(streams, name)) for name in _STREAM_API))
     npu = torch.npu  # registered by torch_npu
-    return [(torch.cuda, name, getattr(npu, name)) for name in _STREAM_API]
+    return tuple((torch.cuda, name, getattr(npu, name)) for name in _STREAM_API)
 
 
 @contextlib.contextmanager

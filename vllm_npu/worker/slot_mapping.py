@@ -1,5 +1,5 @@
 """Token -> KV-cache slot mapping (replaces vLLM's Triton kernel): vectorised torch, or on
-the simulated NPU one native call (`ops/sim/index_kernels.py`, ~2 us instead of ~50).
+the simulated NPU one native call (`ops/sim/index_kernels.py`, ~7 us instead of ~50).
 
 Registered through `Platform.register_triton_kernel_overrides` (`vllm_npu.kernel_overrides`)
 under `KERNEL`; called with that kernel's

@@ -8,14 +8,12 @@ the caller keeps its torch path then, which gives the same result.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 
 import torch
 
 from vllm_npu.ops.sim import native
-
-_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+from vllm_npu.ops.sim.native import _i64, _ptr
 
 
 @functools.cache
