@@ -230,6 +230,28 @@ def test_prepared_launches_run_as_one_program_and_follow_memory_that_moved(mocke
         torch.testing.assert_close(out, want(), rtol=1e-5, atol=1e-5)
 
 
+def test_a_graph_first_replayed_after_its_memory_moved_is_prepared_again():
+    """A graph captured, never replayed, then its weight's storage moved (sleep and wake
+    up): the first replay's plan must see the launches' capture-time address is stale
+    (found as a graph first replayed after a sleep decoding zeros)."""
+    from vllm_npu.ops.sim import native
+
+    if native.library() is None:
+        pytest.skip("no native kernels library (install without a C compiler)")
+    x, w = torch.randn(16, 32), torch.randn(24, 32)
+    with torch.inference_mode():
+        graph, out = _capture(lambda: torch.nn.functional.linear(x, w))
+        saved = w.clone()
+        storage = w.untyped_storage()
+        before = storage.data_ptr()
+        storage.resize_(0)
+        storage.resize_(saved.numel() * 4 + (1 << 20))  # awake at another address
+        assert storage.data_ptr() != before
+        w.copy_(saved * 3)
+        graph.replay()
+        torch.testing.assert_close(out, x @ w.t(), rtol=1e-5, atol=1e-5)
+
+
 def test_gathers_copies_and_id_conversions_replay_as_prepared_launches():
     """`embedding`, `index_select` along dim 0, `cat` and an int32 -> int64 `to` are
     prepared at capture (gather and copy tasks of the native program); a replay reads the

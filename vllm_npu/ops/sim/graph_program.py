@@ -6,12 +6,12 @@ entries (graph.py `_Entry`) into the steps of a replay: each run of consecutive 
 with prepared launches becomes one `Program` (one `npu_sim_run` call through
 `native.LaunchList`), every other entry runs as it is.
 
-Before launching, a program checks that the memory its launches address is still there:
-a task's addresses through its DeviceRefs (freed, moved or shrunk memory is refused, as
+Before launching, a program checks that the memory its launches address is still there: a
+task's addresses through its DeviceRefs (freed, moved or shrunk memory is refused, as
 before the program); for the other entries, the storages of the tensors their launches
-were prepared with, except the graph's own buffers. Sleep mode resizes weight and KV
-cache storages in place (worker/sleep.py): a storage that moved is prepared again from the
-entries' tensors, one smaller than at preparation is refused.
+were prepared with (their addresses then), except the graph's own buffers. Sleep mode
+resizes weight and KV cache storages in place (worker/sleep.py): a storage that moved is
+prepared again from the entries' tensors, one smaller than at preparation is refused.
 """
 from __future__ import annotations
 
@@ -83,11 +83,13 @@ def plan(entries: list, static: list) -> tuple[list, list, dict[int, Program]]:
                 programs[id(entry)] = step
                 continue
             for launch in entry.launch:
-                for t in launch.tensors:
+                # the address each launch was prepared with, not the storage's address
+                # now: planned first after a sleep, a launch prepared before it is stale
+                for t, base in zip(launch.tensors, launch.bases):
                     st = t.untyped_storage()
                     if st.data_ptr() not in owned:
-                        storages.setdefault(st.data_ptr(), st)
-    return steps, [(st, st.data_ptr(), st.nbytes()) for st in storages.values()], programs
+                        storages.setdefault(base, (st, base, st.nbytes()))
+    return steps, list(storages.values()), programs
 
 
 def unmoved(storages: list) -> bool:

@@ -70,7 +70,7 @@ class Launch:
     structs); `tensors`, the device tensors whose memory the launch addresses where the
     caller holds them (a replay checks their storages have not moved, graph.py); `error`
     raises the op's error for a nonzero status. Calling it launches it alone."""
-    __slots__ = ("task", "address", "args", "keep", "tensors", "error")
+    __slots__ = ("task", "address", "args", "keep", "tensors", "bases", "error")
 
     def __init__(self, task: str, values: Sequence[int | float | None], *, keep: tuple = (),
                  tensors: tuple = (), error: Callable[[int], None] | None = None) -> None:
@@ -78,6 +78,8 @@ class Launch:
         self.address = _task(task)[1]
         self.args = _slots(*values)
         self.keep, self.tensors, self.error = keep, tensors, error
+        # where the tensors' storages were when the launch took their addresses
+        self.bases = tuple(t.untyped_storage().data_ptr() for t in tensors)
 
     def fail(self, status: int) -> None:
         if self.error is not None:
