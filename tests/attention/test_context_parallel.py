@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from vllm.config import VllmConfig
-from vllm.forward_context import set_forward_context
+from vllm.forward_context import create_forward_context
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
@@ -110,7 +110,18 @@ def test_dcp_matches_unsharded_attention(npu_config, mocker, world, interleave):
     # Fresh prefills, chunks with cached context, a mixed step, then pure decodes.
     steps = [[(0, 70), (1, 3)], [(0, 200), (1, 40), (2, 1)], [(0, 1), (2, 300), (1, 1)],
              [(0, 1), (1, 1), (2, 1)], [(0, 1), (1, 1), (2, 1)]]
-    ops_calls = mocker.spy(ops, "npu_attention_update")
+    # Ranks are processes on a device: each has its own forward context (vLLM keeps one
+    # per process, a module global), and the merge calls are counted under a lock.
+    local_ctx = threading.local()
+    mocker.patch("vllm_npu.attention.backend.get_forward_context", lambda: local_ctx.value)
+    merges, merges_lock, merge = [0], threading.Lock(), ops.npu_attention_update
+
+    def counted_merge(*args, **kwargs):
+        with merges_lock:
+            merges[0] += 1
+        return merge(*args, **kwargs)
+
+    mocker.patch.object(ops, "npu_attention_update", counted_merge)
     for step in steps:
         reqs = [r for r, _ in step]
         q_lens = [n for _, n in step]
@@ -142,10 +153,9 @@ def test_dcp_matches_unsharded_attention(npu_config, mocker, world, interleave):
             heads = slice(rank * H_LOCAL, (rank + 1) * H_LOCAL)
             out = torch.zeros(t, H_LOCAL, D)
             layer = SimpleNamespace(layer_name=LAYER)
-            with set_forward_context({LAYER: meta}, cfg):
-                impls[rank].do_kv_cache_update(layer, k, v, caches[rank], slots)
-                impls[rank].forward(layer, q[:, heads].contiguous(), k, v, caches[rank],
-                                    meta, out)
+            local_ctx.value = create_forward_context({LAYER: meta}, cfg)
+            impls[rank].do_kv_cache_update(layer, k, v, caches[rank], slots)
+            impls[rank].forward(layer, q[:, heads].contiguous(), k, v, caches[rank], meta, out)
             outs[rank] = out
 
         run_ranks(world, rank_step)
@@ -166,7 +176,7 @@ def test_dcp_matches_unsharded_attention(npu_config, mocker, world, interleave):
         assert stored == expect
     # The first step has no cached context: no collectives; later steps gather.
     assert group.calls == 2 * (len(steps) - 1)
-    assert ops_calls.call_count == world * 2 * (len(steps) - 1)
+    assert merges[0] == world * 2 * (len(steps) - 1)
 
 
 def test_merge_of_disjoint_key_sets_is_full_softmax():

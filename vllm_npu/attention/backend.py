@@ -228,11 +228,13 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
             return slots.to(torch.int32)
         storage = slots.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
-        if self._slots_mirror is None or self._slots_mirror[0] != key:
-            self._slots_mirror = (key, torch.empty(storage.nbytes() // slots.element_size(),
-                                                   dtype=torch.int32, device=slots.device))
+        mirror = self._slots_mirror  # read once: builders shared across threads stay apart
+        if mirror is None or mirror[0] != key:
+            mirror = (key, torch.empty(storage.nbytes() // slots.element_size(),
+                                       dtype=torch.int32, device=slots.device))
+            self._slots_mirror = mirror
         start = slots.storage_offset()
-        return self._slots_mirror[1][start:start + slots.numel()].copy_(slots)
+        return mirror[1][start:start + slots.numel()].copy_(slots)
 
 
 class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
