@@ -303,6 +303,29 @@ def test_rotary_modes_differ():
     torch.testing.assert_close(b, _ref_rotary_explicit(x, r1, r2, "interleave"))
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("mode", ["half", "interleave"])
+@pytest.mark.parametrize("native_kernel", [True, False])
+def test_rotary_mul_takes_strided_x(monkeypatch, dtype, mode, native_kernel):
+    """x may be a view (aclnnRotaryPositionEmbedding: x "supports non-contiguous tensors",
+    ops-transformer aclnn_rotary_position_embedding.h): query heads sliced out of a fused
+    qkv row, and the first rotary_dim features of each head."""
+    from vllm_npu.ops.sim import native
+    if not native_kernel:
+        monkeypatch.setattr(native, "rotary_mul", lambda *a, **k: None)
+    S, N, Nk, D = 7, 3, 2, 16
+    qkv = torch.randn(1, S, (N + 2 * Nk) * D, generator=_gen(20)).to(dtype)
+    q = qkv[..., :N * D].view(1, S, N, D)
+    partial = q[..., :8]
+    assert not q.is_contiguous() and not partial.is_contiguous()
+    for x, width in ((q, D), (partial, 8)):
+        cos, sin, _ = _cos_sin(S, width, mode, dtype)
+        out = npu_rotary_mul(x, cos, sin, rotary_mode=mode)
+        assert out.shape == x.shape and out.is_contiguous()
+        _close(out, _ref_rotary_explicit(x.contiguous(), cos, sin, mode), dtype)
+    assert torch.equal(qkv[..., :N * D].view(1, S, N, D), q)  # input untouched
+
+
 @pytest.mark.parametrize("rshape", [(1, 4, 1, 8), (2, 4, 3, 8), (1, 1, 1, 8), (2, 1, 3, 8)])
 def test_rotary_mul_broadcasts_r(rshape):
     x = torch.randn(2, 4, 3, 8, generator=_gen(14))

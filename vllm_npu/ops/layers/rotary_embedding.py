@@ -47,10 +47,12 @@ class NPURotaryEmbedding(RotaryEmbedding):
         shape = x.shape
         x = x.view(1, cos.shape[1], -1, self.head_size)
         mode = "half" if self.is_neox_style else "interleave"
+        # x is a view of the fused qkv rows: the op reads it in place (no copy), as
+        # aclnnRotaryPositionEmbedding takes non-contiguous x (aclnn_rotary_position_embedding.h)
         if self.rotary_dim == self.head_size:
-            out = ops.npu_rotary_mul(x.contiguous(), cos, sin, mode)
+            out = ops.npu_rotary_mul(x, cos, sin, mode)
         else:
-            rot = ops.npu_rotary_mul(x[..., :self.rotary_dim].contiguous(), cos, sin, mode)
+            rot = ops.npu_rotary_mul(x[..., :self.rotary_dim], cos, sin, mode)
             out = torch.cat((rot, x[..., self.rotary_dim:]), dim=-1)
         return out.reshape(shape)
 
