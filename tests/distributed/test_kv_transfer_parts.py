@@ -352,3 +352,26 @@ def test_launcher_environment_per_instance(monkeypatch, tmp_path):
     assert "VLLM_MOONCAKE_BOOTSTRAP_PORT" not in decode
     assert prefill["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "12345"
     assert PDCluster("m", log_dir=tmp_path)._env(None)["VLLM_HOST_IP"] == "127.0.0.1"
+
+
+@pytest.mark.parametrize("results, calls, expect", [([0], 1, 0), ([-1, 0], 2, 0),
+                                                    ([-1, -1, 0], 2, -1)])
+def test_a_failed_kv_write_is_retried_once(results, calls, expect):
+    """The producer's write of a request's blocks (vLLM's `_send_blocks`): one retry after
+    the transfer engine reports a failure, then the failure goes to the decode side."""
+    seen, left = [], list(results)
+
+    def write(session, src, dst, lengths):
+        seen.append((session, list(src), list(dst), list(lengths)))
+        return left.pop(0)
+
+    class Bare(NPUMooncakeConnectorWorker):  # no engine, sockets or threads to close
+        def __del__(self):
+            pass
+
+    worker = object.__new__(Bare)
+    worker.engine = SimpleNamespace(batch_transfer_sync_write=write)
+    worker.xfer_stats = SimpleNamespace(record_transfer=lambda **kw: None,
+                                        record_failed_transfer=lambda: None)
+    assert worker._send_blocks("127.0.0.1:1", [1, 2], [3, 4], [16, 16]) == expect
+    assert seen == [("127.0.0.1:1", [1, 2], [3, 4], [16, 16])] * calls

@@ -172,6 +172,23 @@ class NPUMooncakeConnectorWorker(upstream.MooncakeConnectorWorker):
                 self._reorder(block_ids, splits)
         return done_sending, done_recving
 
+    def _send_blocks(self, remote_session: str, src_ptrs: list[int], dst_ptrs: list[int],
+                     lengths: list[int]) -> int:
+        """One retry of a failed write, on a fresh connection, before the request fails.
+        Mooncake 0.3.13's TCP transport can stall a write for its 30 s timeout when two
+        producer ranks (a TP=2 prefill) write to one decode instance at once: the
+        receiver stops draining both connections, the client drops them and reports -1
+        (tests/e2e/test_pd_disagg.py, 2P1D: 2 of 8 runs on loopback, both ranks at once,
+        the pool on or off); a write on a new connection then goes through. Rewriting the
+        same bytes to the same addresses is harmless: the decode side learns of the
+        blocks only from the notification sent after the write returns."""
+        ret = super()._send_blocks(remote_session, src_ptrs, dst_ptrs, lengths)
+        if ret != 0:
+            logger.warning("Retrying the write of %d bytes to %s once", sum(lengths),
+                           remote_session)
+            ret = super()._send_blocks(remote_session, src_ptrs, dst_ptrs, lengths)
+        return ret
+
     def _reorder(self, block_ids: list[list[int]], splits: int) -> None:
         group_by_layer = self.kv_cache_config.transfer_group_index_by_layer
         for layer_name, cache in self.device_kv_caches.items():
