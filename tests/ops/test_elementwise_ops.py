@@ -311,8 +311,14 @@ def test_rotary_mul_takes_strided_x(monkeypatch, dtype, mode, native_kernel):
     ops-transformer aclnn_rotary_position_embedding.h): query heads sliced out of a fused
     qkv row, and the first rotary_dim features of each head."""
     from vllm_npu.ops.sim import native
-    if not native_kernel:
-        monkeypatch.setattr(native, "rotary_mul", lambda *a, **k: None)
+    taken, kernel = [], native.rotary_mul
+
+    def spy(*args, **kwargs):
+        out = kernel(*args, **kwargs)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(native, "rotary_mul", spy if native_kernel else lambda *a, **k: None)
     S, N, Nk, D = 7, 3, 2, 16
     qkv = torch.randn(1, S, (N + 2 * Nk) * D, generator=_gen(20)).to(dtype)
     q = qkv[..., :N * D].view(1, S, N, D)
@@ -324,6 +330,8 @@ def test_rotary_mul_takes_strided_x(monkeypatch, dtype, mode, native_kernel):
         assert out.shape == x.shape and out.is_contiguous()
         _close(out, _ref_rotary_explicit(x.contiguous(), cos, sin, mode), dtype)
     assert torch.equal(qkv[..., :N * D].view(1, S, N, D), q)  # input untouched
+    if native_kernel and dtype == torch.float32 and native.library() is not None:
+        assert taken == [True, True]  # the kernel read the strided rows itself
 
 
 @pytest.mark.parametrize("rshape", [(1, 4, 1, 8), (2, 4, 3, 8), (1, 1, 1, 8), (2, 1, 3, 8)])

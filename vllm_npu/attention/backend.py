@@ -480,8 +480,8 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
                                      output[:n], dcp=dcp)
             return output
         if not capturing:
-            self._attend(self._kind(attn_metadata, None, kv_cache), query[:n], kv_cache, attn_metadata,
-                         output[:n])
+            self._attend(self._kind(attn_metadata, None, kv_cache), query[:n], kv_cache,
+                         attn_metadata, output[:n])
             return output
         kind = self._kind(attn_metadata, get_forward_context().batch_descriptor, kv_cache)
         workspace = self._task_workspace(kind, query[:n], kv_cache, attn_metadata, output[:n])

@@ -3,8 +3,8 @@
 vLLM's V1 runner takes its streams and events from `torch.cuda` (`torch.cuda.Stream()`,
 `torch.cuda.Event(blocking=True)`, `torch.cuda.current_stream()`, `with
 torch.cuda.stream(s)`) and `torch.Event()`, and calls `torch.accelerator.synchronize()` /
-`empty_cache()` / `empty_host_cache()` / `current_device_index()`. The worker runs its vLLM calls inside
-`npu_runtime()`, which for the duration of the call only points those names at:
+`empty_cache()` / `empty_host_cache()` / `current_device_index()`. The worker runs its vLLM
+calls inside `npu_runtime()`, which for the duration of the call only points those names at:
 
     real NPU       torch.npu's streams and events (torch_npu)
     simulated NPU  vllm_npu.ops.sim.streams (side-stream work really deferred) and
