@@ -359,6 +359,10 @@ def test_launcher_environment_per_instance(monkeypatch, tmp_path):
 def test_a_failed_kv_write_is_retried_once(results, calls, expect):
     """The producer's write of a request's blocks (vLLM's `_send_blocks`): one retry after
     the transfer engine reports a failure, then the failure goes to the decode side."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector
+
+    # the override only works while vLLM's producer still calls this method by this name
+    assert "_send_blocks" in vars(mooncake_connector.MooncakeConnectorWorker)
     seen, left = [], list(results)
 
     def write(session, src, dst, lengths):
