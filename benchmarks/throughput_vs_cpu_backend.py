@@ -10,14 +10,16 @@ the two time the workload alternately, a pair of runs at a time (ours then the p
 then the other way round), the side not timing idle on a pipe. Each pair's runs are
 seconds apart, so a shared host's load, which moves a run's throughput by +-30% from one
 minute to the next, weighs on both alike: the ratio is taken per pair, and its median
-reported. Prints a row per pair, whether both produced the same tokens, and where a decode
+reported with a distribution-free interval for it (order statistics) and the sign test's
+p-value for "the median ratio is above 1" (12 pairs by default: the narrowest interval
+with 95% coverage leaves out the two highest and two lowest ratios). Prints a row per pair, whether both produced the same tokens, and where a decode
 step's time goes on each side (`PARTS`: vLLM's own methods, timed the same way on both
 sides during the timed runs, ~1 us per timed call).
 
 Report seeds: model 1234, prompts 2026 (the simulator's defaults were tuned on model seed
 0 / prompt seed 1 with tools/profile_steps.py, never on these).
 
-    python benchmarks/throughput_vs_cpu_backend.py [--rounds 5]
+    python benchmarks/throughput_vs_cpu_backend.py [--rounds 12]
         [--workloads 128x128+128 64x512+128] [--no-peer]
 """
 from __future__ import annotations
@@ -191,6 +193,23 @@ def print_breakdown(names: list[str], per_side: list[list[dict]]) -> None:
     print("| async scheduling | " + " | ".join(modes) + " |" + (" |" if extra else ""))
 
 
+def print_summary(summary: list[tuple[str, list[float]]]) -> None:
+    """Per workload: the median of the pairs' ratios, a distribution-free interval for it
+    (order statistics), and how many pairs the simulated NPU won, with the sign test's
+    p-value for "the median ratio is above 1"."""
+    from timing import median_interval, sign_test_above
+
+    print("\nmedian ratio (vllm_npu simulated NPU / vLLM CPU backend)\n")
+    print("| workload | pairs | median ratio | interval for the median (coverage) "
+          "| pairs above 1.0 | sign test p (median > 1) |")
+    print("| --- | ---: | ---: | --- | ---: | ---: |")
+    for name, ratios in summary:
+        low, high, coverage = median_interval(ratios)
+        above, counted, p = sign_test_above(ratios)
+        print(f"| {name} | {len(ratios)} | {statistics.median(ratios):.2f} | "
+              f"{low:.2f} - {high:.2f} ({coverage:.0%}) | {above}/{counted} | {p:.3f} |")
+
+
 def _pair(procs: list[Side], r: int) -> list[dict]:
     """One timed run per side, back to back; every other pair the peer goes first."""
     order = procs if r % 2 == 0 else procs[::-1]
@@ -200,7 +219,7 @@ def _pair(procs: list[Side], r: int) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=5,
+    ap.add_argument("--rounds", type=int, default=12,
                     help="timed pairs of runs per workload (one run per side each)")
     ap.add_argument("--workloads", type=parse_workload, nargs="+",
                     default=[(128, 128, 128), (64, 512, 128)])
@@ -253,14 +272,10 @@ def main() -> None:
                     row += f" {ratios[-1]:.2f} | {same}/{n} |"
                 print(row, flush=True)
             if ratios:
-                summary.append((f"{n}x{p}+{o}", statistics.median(ratios)))
+                summary.append((f"{n}x{p}+{o}", ratios))
             print_breakdown(list(sides), per_side)
         if summary:
-            print("\nmedian ratio (vllm_npu simulated NPU / vLLM CPU backend)\n")
-            print("| workload | median ratio |")
-            print("| --- | ---: |")
-            for name, ratio in summary:
-                print(f"| {name} | {ratio:.2f} |")
+            print_summary(summary)
 
 if __name__ == "__main__":
     main()

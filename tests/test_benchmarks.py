@@ -63,3 +63,38 @@ def test_benchmark_runs_to_the_end(script, tmp_path):
     assert len(rows) >= 3, out.stdout[-2000:]  # header, rule, at least one result row
     if script in CHECKS:
         CHECKS[script](out.stdout)
+
+
+def _timing():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import timing
+    finally:
+        sys.path.remove(str(BENCH))
+    return timing
+
+
+@pytest.mark.parametrize("n, k, coverage", [
+    # k and coverage from the binomial table by hand: 1 - 2 * sum_{i<k} C(n, i) / 2^n
+    (6, 1, 1 - 2 * 1 / 64),                   # the whole range: 0.969
+    (10, 2, 1 - 2 * (1 + 10) / 1024),         # 0.979 (k = 3 would give 0.891)
+    (12, 3, 1 - 2 * (1 + 12 + 66) / 4096),    # 0.961 (k = 4: 0.854)
+    (5, 1, 1 - 2 * 1 / 32),                   # 0.938: no k reaches 95%, the whole range
+])
+def test_median_interval_is_the_order_statistics_of_the_binomial_table(n, k, coverage):
+    values = [1.0 + 0.01 * ((7 * i) % n) for i in range(n)]  # a shuffled 1.00 .. 1.0(n-1)
+    low, high, got = _timing().median_interval(values)
+    ordered = sorted(values)
+    assert (low, high) == (ordered[k - 1], ordered[n - k])
+    assert got == pytest.approx(coverage, abs=1e-12)
+
+
+def test_sign_test_counts_pairs_above_one_and_gives_the_binomial_tail():
+    above, counted, p = _timing().sign_test_above([1.1, 0.9, 1.2, 1.0, 1.05, 1.3])
+    assert (above, counted) == (4, 5)  # the tie at 1.0 is left out
+    assert p == pytest.approx((5 + 1) / 32)  # P(Binomial(5, 1/2) >= 4) by hand
+
+
+def test_median_interval_refuses_no_values():
+    with pytest.raises(ValueError, match="at least one value"):
+        _timing().median_interval([])
