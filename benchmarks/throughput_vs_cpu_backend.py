@@ -12,9 +12,10 @@ seconds apart, so a shared host's load, which moves a run's throughput by +-30% 
 minute to the next, weighs on both alike: the ratio is taken per pair, and its median
 reported with a distribution-free interval for it (order statistics) and the sign test's
 p-value for "the median ratio is above 1" (12 pairs by default: the narrowest interval
-with 95% coverage leaves out the two highest and two lowest ratios). Prints a row per pair, whether both produced the same tokens, and where a decode
-step's time goes on each side (`PARTS`: vLLM's own methods, timed the same way on both
-sides during the timed runs, ~1 us per timed call).
+with 95% coverage leaves out the two highest and two lowest ratios). Prints a row per
+pair, whether both produced the same tokens, and where a decode step's time goes on each
+side (`PARTS`: vLLM's own methods, timed the same way on both sides during the timed runs,
+~1 us per timed call).
 
 Report seeds: model 1234, prompts 2026 (the simulator's defaults were tuned on model seed
 0 / prompt seed 1 with tools/profile_steps.py, never on these).
