@@ -103,3 +103,18 @@ def test_bad_additional_config_value_names_key_and_choices():
     assert "'paged_attention'" in msg and "'fused_infer_attention'" in msg
     with pytest.raises(ValueError, match="enable_custom_ops='often'"):
         NPUConfig.from_additional_config({"enable_custom_ops": "often"})
+
+
+def test_the_platform_and_its_default_config_leave_the_eplb_solvers_unimported():
+    """Every vLLM process loads the platform (engine core, each worker, the API server);
+    the EPLB policies' modules (numba, scipy's MILP: ~0.6 s) load only where EPLB runs."""
+    import subprocess
+
+    code = ("import sys; import vllm_npu.platform; from vllm_npu.config import NPUConfig; "
+            "NPUConfig.from_additional_config({'eplb': {'policy': 'lookahead'}}); "
+            "print(sorted(m for m in ('numba', 'vllm_npu.eplb.exact', 'vllm_npu.eplb.packing')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
