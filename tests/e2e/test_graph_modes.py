@@ -52,10 +52,14 @@ def expected(tiny_models):
 
 
 def _spy_npu_layers(mocker) -> dict:
+    from vllm.model_executor.layers import rotary_embedding
     from vllm_npu.ops.layers.activation import NPUSiluAndMul
     from vllm_npu.ops.layers.layernorm import NPURMSNorm
     from vllm_npu.ops.layers.rotary_embedding import NPURotaryEmbedding
 
+    # vLLM caches rotary embeddings by shape across engines in a process, each holding the
+    # forward it picked when built: one built before the spies would bypass them.
+    mocker.patch.dict(rotary_embedding._ROPE_DICT, clear=True)
     return {cls.__name__: mocker.spy(cls, "forward_oot")
             for cls in (NPURMSNorm, NPURotaryEmbedding, NPUSiluAndMul)}
 

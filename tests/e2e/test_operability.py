@@ -8,13 +8,17 @@ import pytest
 
 def _start(path: str, **kw):
     """Start an engine that is expected to fail; whatever it initialised (the in-process
-    distributed state) is torn down, so TP workers forked later start clean."""
+    distributed state) is torn down, so TP workers forked later start clean. The cleanup is
+    looked up once the engine has loaded the plugin: the simulated NPU's patch of it
+    (vllm_npu/patch/patch_accelerator_cleanup.py) is applied then, and bound earlier (this
+    file run alone) the unpatched one raises on a CPU build of torch."""
     from vllm import LLM
-    from vllm.distributed import cleanup_dist_env_and_memory
 
     try:
         return LLM(path, dtype="float32", enforce_eager=True, **kw)
     finally:
+        from vllm.distributed import cleanup_dist_env_and_memory
+
         cleanup_dist_env_and_memory()
 
 
