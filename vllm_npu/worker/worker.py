@@ -32,10 +32,11 @@ def freeze_startup_heap() -> None:
     runs ~11 full collections (model loading, memory profiling, graph capture), each of
     them walking the ~0.7M objects the imports of torch, vLLM and transformers left,
     ~0.2-0.3 s apiece on a 2-core host; frozen, those are skipped (an in-process engine
-    starts in ~3.0 s instead of ~5.1, docs/performance.md). The collection first frees
-    what an engine before this one left in reference cycles instead of freezing it.
-    vLLM freezes the heap itself once the engine is up (gc_utils.freeze_gc_heap); graph
-    capture unfreezes it and collects once, as before."""
+    of the tiny model starts in ~3.5 s instead of ~5.1, docs/performance.md). The
+    collection first frees the unfrozen garbage in reference cycles (an engine shut down
+    before this one) instead of freezing it. vLLM freezes the heap itself once the engine
+    is up (gc_utils.freeze_gc_heap); graph capture unfreezes it and collects once, as
+    before."""
     gc.collect()
     gc.freeze()
 
