@@ -82,7 +82,7 @@ def _timing():
     (5, 1, 1 - 2 * 1 / 32),                   # 0.938: no k reaches 95%, the whole range
 ])
 def test_median_interval_is_the_order_statistics_of_the_binomial_table(n, k, coverage):
-    values = [1.0 + 0.01 * ((7 * i) % n) for i in range(n)]  # a shuffled 1.00 .. 1.0(n-1)
+    values = [1.0 + 0.01 * ((7 * i) % n) for i in range(n)]  # 1.00 .. 1.0(n-1), permuted
     low, high, got = _timing().median_interval(values)
     ordered = sorted(values)
     assert (low, high) == (ordered[k - 1], ordered[n - k])
