@@ -1,6 +1,6 @@
 """The worker freezes the heap the imports left before vLLM's startup collections run
-(worker.py `freeze_startup_heap`): model loading, memory profiling and graph capture each
-collect the whole heap, which then skips the frozen part."""
+(worker.py `init_device` calls vLLM's `freeze_gc_heap`): model loading, memory profiling
+and graph capture each collect the whole heap, which then skips the frozen part."""
 from __future__ import annotations
 
 import gc
@@ -14,8 +14,8 @@ def _tracked(obj) -> bool:
     return any(o is obj for o in gc.get_objects())
 
 
-def test_freeze_startup_heap_frees_cycles_then_freezes_what_lives():
-    from vllm_npu.worker.worker import freeze_startup_heap
+def test_the_startup_freeze_frees_cycles_then_freezes_what_lives():
+    from vllm.utils.gc_utils import freeze_gc_heap
 
     class Node:
         pass
@@ -27,7 +27,7 @@ def test_freeze_startup_heap_frees_cycles_then_freezes_what_lives():
     alive = [object()]
     assert _tracked(alive)
     try:
-        freeze_startup_heap()
+        freeze_gc_heap()
         assert garbage() is None  # collected before the freeze, not frozen with the rest
         assert not _tracked(alive)
     finally:

@@ -28,25 +28,18 @@ logger = logging.getLogger("vllm.npu")
 GiB = 1 << 30
 
 
-def freeze_startup_heap() -> None:
-    """vLLM's own `freeze_gc_heap` (collect every generation, then gc.freeze), run at the
-    start of the worker instead of only once the engine is up: vLLM's startup runs ~11
-    full collections (model loading, memory profiling, graph capture), each walking the
-    ~0.7M objects the imports of torch, vLLM and transformers left, ~0.2-0.3 s apiece on
-    a 2-core host; frozen, those are skipped (an in-process engine of the tiny model
-    starts in ~3.5 s instead of ~5.1, docs/performance.md). The collection frees the
-    unfrozen garbage in reference cycles (an engine shut down before this one) instead of
-    freezing it. Graph capture unfreezes the heap and collects once, as before."""
-    freeze_gc_heap()
-
-
 class NPUWorker(Worker):
     simulated = select_backend().simulated
 
     # ---- device ---------------------------------------------------------------------
     @on_npu_runtime
     def init_device(self) -> None:
-        freeze_startup_heap()
+        # vLLM's startup runs ~11 full collections (model loading, memory profiling, graph
+        # capture), each walking the ~0.7M objects the imports left (~0.2-0.3 s apiece on
+        # a 2-core host); collected and frozen now, they are skipped: an in-process engine
+        # of the tiny model starts in ~3.5 s instead of ~5.1 (docs/performance.md). Graph
+        # capture unfreezes the heap and collects once, as before.
+        freeze_gc_heap()
         log_backend()
         if self.simulated:
             self.device = torch.device("cpu")
