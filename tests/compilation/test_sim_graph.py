@@ -641,6 +641,54 @@ def test_a_paged_attention_task_is_checked_when_issued_and_replayed_as_its_launc
     assert torch.equal(out, want)
 
 
+def test_a_reissue_on_the_same_memory_keeps_the_launch_and_checks_the_new_lengths():
+    """The decode step's update passes the task's tensors again with new host lengths: the
+    task keeps its launch, the checks that read lengths and block ids run at the issue,
+    and a refused update leaves the task's previous lengths; other memory is held anew."""
+    query, key, value, table, lens, consts = _paged_decode_inputs()
+    out = torch.empty_like(query)
+    graph, handle = _capture_task(lambda: _paged(query, key, value, table, lens, consts, out))
+    entry = handle.entries[0]
+    launch, held_lens = entry.launch, entry.args[7]
+
+    def step(new_lens, table=table, out=out):
+        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))  # vLLM's buffer, in place
+        _reissue(handle, lambda: _paged(query, key, value, table[:3], lens, consts, out))
+
+    def eager(new_lens):
+        want = torch.empty_like(query)
+        _paged(query, key, value, table, torch.tensor(new_lens, dtype=torch.int32), consts,
+               want)
+        return want
+
+    step([9, 3, 17])  # a fresh view of the same table memory is the same argument
+    assert entry.launch is launch and entry.args[7] is held_lens
+    assert held_lens.tolist() == [9, 3, 17]
+    lens.fill_(1)
+    graph.replay()
+    assert torch.equal(out, eager([9, 3, 17]))
+    with pytest.raises(NPUOpError, match=r"context length 33 exceeds the block table "
+                                         r"\(2 blocks of 16"):
+        step([9, 3, 33])
+    with pytest.raises(NPUOpError, match="must re-issue the captured ops"):
+        g.graph_task_update_end(None)
+    table[1, 0] = 6  # one past the 6-block cache
+    with pytest.raises(NPUOpError, match=r"block_table elements must lie in \[0, 6\), "
+                                         r"got \[0, 6\]"):
+        step([2, 2, 2])
+    with pytest.raises(NPUOpError, match="must re-issue the captured ops"):
+        g.graph_task_update_end(None)
+    table[1, 0] = 2
+    out.zero_()
+    graph.replay()  # the refused updates left the task as it was
+    assert held_lens.tolist() == [9, 3, 17] and torch.equal(out, eager([9, 3, 17]))
+    other = torch.zeros_like(out)  # another output: held by address, launched anew
+    step([4, 30, 8], out=other)
+    assert entry.launch is not launch
+    graph.replay()
+    assert torch.equal(other, eager([4, 30, 8]))
+
+
 def test_a_launch_refuses_freed_or_resized_memory_before_running():
     """A prepared launch holds addresses only: an output freed after the update, or a
     cache whose storage was resized (sleep mode frees memory so), is refused at replay

@@ -32,7 +32,8 @@ npu_fused_infer_attention_score = graph_op(attention.npu_fused_infer_attention_s
 npu_fused_infer_attention_score_out = graph_op(attention.npu_fused_infer_attention_score_out,
                                                host_args=_FIA_HOST, workspace=True)
 _npu_paged_attention = graph_op(attention._npu_paged_attention, host_args=("context_lens",),
-                                workspace=True, launcher=attention.paged_attention_launch)
+                                workspace=True, launcher=attention.paged_attention_launch,
+                                relaunch=attention.paged_attention_relaunch)
 # Workspace queries run on the host before capture / update: not graph ops.
 _npu_fused_infer_attention_score_get_max_workspace = \
     attention._npu_fused_infer_attention_score_get_max_workspace

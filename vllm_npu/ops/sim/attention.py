@@ -446,9 +446,18 @@ def _check_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
         raise NPUOpError(f"{op}: context_lens must be a host int32 tensor of shape ({B},)")
     if out.shape != query.shape or out.dtype != query.dtype:
         raise NPUOpError(f"{op}: out must match query {tuple(query.shape)} {query.dtype}")
-    bs = key_cache.shape[1]
-    _check_paged_limits(op, bs, D, block_table, key_cache.shape[0])
-    max_len = int(context_lens.max()) if B else 0
+    _check_paged_limits(op, key_cache.shape[1], D)
+    return _check_paged_values(query, key_cache, block_table, context_lens, workspace)
+
+
+def _check_paged_values(query: torch.Tensor, key_cache: torch.Tensor,
+                        block_table: torch.Tensor, context_lens: torch.Tensor,
+                        workspace: torch.Tensor | None) -> int:
+    """The checks of `_check_paged_attention` that read the block ids and context lengths
+    (all a re-issue on the same memory can change); returns the longest context."""
+    op, bs = "_npu_paged_attention", key_cache.shape[1]
+    _check_block_ids(op, block_table, key_cache.shape[0])
+    max_len = int(context_lens.max()) if context_lens.numel() else 0
     if max_len > block_table.shape[1] * bs:
         raise NPUOpError(f"{op}: context length {max_len} exceeds the block table "
                          f"({block_table.shape[1]} blocks of {bs}; ATB: "
@@ -501,18 +510,34 @@ def paged_attention_launch(query: torch.Tensor, key_cache: torch.Tensor,
                                       block_table, context_lens, scale_value, out)
 
 
+def paged_attention_relaunch(launch: tuple, held: dict, call: dict):
+    """`_npu_paged_attention` re-issued as its task's call was, on the same memory
+    (graph.graph_op's `relaunch`): the checks that read the new block ids and lengths,
+    then the commit that copies the lengths into the task and its kernel's launch."""
+    lens = call["context_lens"]
+    _check_paged_values(call["query"], call["key_cache"], call["block_table"], lens,
+                        call["workspace"])
+    (kernel,) = launch
+
+    def commit() -> None:
+        with torch.inference_mode():  # the copies may be inference tensors (made in one)
+            held["context_lens"].copy_(lens)
+            paged_decode.refresh_lens(kernel, lens)
+
+    return commit
+
+
 _PA_HEAD_MAX = 576         # K/V head size (0, 576] ...
 _PA_WIDE_HEAD = 256        # ... and above 256, block_size <= 128
 _PA_WIDE_HEAD_BLOCK = 128
 
 
-def _check_paged_limits(op: str, block_size: int, head_size: int, block_table: torch.Tensor,
-                        num_blocks: int) -> None:
+def _check_paged_limits(op: str, block_size: int, head_size: int) -> None:
     """ATB PagedAttentionOperation's documented limits (CANN ascendtb "约束说明",
     ascendtb_01_0198): block_size % 16 == 0; head_size in (0, 576] with block_size <= 128
     when it exceeds 256 (the (0, 256], block_size * head_size <= 128*128 rule applies only
     to the compression / parallel-decoding / quantized modes, which the plugin does not
-    use); every blockTables element in [0, num_blocks)."""
+    use); every blockTables element in [0, num_blocks) (`_check_block_ids`)."""
     if block_size % 16:
         raise NPUOpError(f"{op}: block_size {block_size} must be a multiple of 16")
     if not 0 < head_size <= _PA_HEAD_MAX or \
@@ -520,6 +545,9 @@ def _check_paged_limits(op: str, block_size: int, head_size: int, block_table: t
         raise NPUOpError(f"{op}: head size {head_size} with block_size {block_size}: needs "
                          f"head size in (0, {_PA_HEAD_MAX}] and block_size <= "
                          f"{_PA_WIDE_HEAD_BLOCK} above {_PA_WIDE_HEAD}")
+
+
+def _check_block_ids(op: str, block_table: torch.Tensor, num_blocks: int) -> None:
     if block_table.numel():
         lowest, highest = (int(v) for v in torch.aminmax(block_table))
         if lowest < 0 or highest >= num_blocks:

@@ -36,8 +36,9 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_leaves
 
 from vllm_npu.ops.sim import cores, graph_program, linear, native
+from vllm_npu.ops.sim.aten_launches import OWN_LAUNCH
 from vllm_npu.ops.sim.checks import NPUOpError
-from vllm_npu.ops.sim.task_args import addresses, hold, resolve
+from vllm_npu.ops.sim.task_args import addresses, hold, resolve, same_call
 
 
 def _copy_one(old: torch.Tensor, new: torch.Tensor) -> None:
@@ -65,53 +66,12 @@ def _copy_replay(x: torch.Tensor, *args: Any, out: torch.Tensor, **kwargs: Any) 
     _copy_one(out, x)
 
 
-def _copy_launch(x: torch.Tensor, *args: Any, out: torch.Tensor,
-                 **kwargs: Any) -> native.Launch | None:
-    """`_copy_replay` prepared at capture (native.copy_launch: no dtype change, or integer
-    ids widened / narrowed)."""
-    return native.copy_launch(out, x)
-
-
-def _raise_as(func, args: tuple, kwargs: dict) -> Callable[[int], None]:
-    """A launch's refusal (an index outside its table) raised as the aten op raises it."""
-    def error(status: int) -> None:
-        func(*args, **kwargs)
-    return error
-
-
-def _embedding_launch(weight: torch.Tensor, indices: torch.Tensor, *args: Any,
-                      out: torch.Tensor) -> native.Launch | None:
-    error = _raise_as(torch.ops.aten.embedding.default, (weight, indices, *args), {})
-    return native.gather_launch(out, weight, indices, error)
-
-
-def _index_select_launch(x: torch.Tensor, dim: int, index: torch.Tensor, *,
-                         out: torch.Tensor) -> native.Launch | None:
-    error = _raise_as(torch.ops.aten.index_select.default, (x, dim, index), {})
-    return native.gather_launch(out, x, index, error) if dim == 0 else None
-
-
-def _cat_launch(tensors: list, dim: int = 0, *, out: torch.Tensor) -> tuple | None:
-    """One copy per input into its slice of the captured output."""
-    dim, start, launches = dim % out.dim(), 0, []
-    for t in tensors:
-        launches.append(native.copy_launch(out.narrow(dim, start, t.shape[dim]), t))
-        start += t.shape[dim]
-    return None if not launches or None in launches else tuple(launches)
-
-
 # aten ops the simulator replays with a function of its own (same arguments, `out=`):
-# `linear` uses the device's cores itself; and the aten ops whose kernels are prepared
-# at capture (None where not covered: the replay calls the function or the out overload)
+# `linear` uses the device's cores itself (the aten ops whose kernels are prepared at
+# capture: aten_launches.py)
 _OWN_REPLAY = {torch.ops.aten.linear.default: linear.replay_linear_into,
                torch.ops.aten.contiguous.default: _copy_replay,
                torch.ops.aten.to.dtype: _copy_replay}
-_OWN_LAUNCH = {torch.ops.aten.linear.default: linear.replay_linear_launch,
-               torch.ops.aten.contiguous.default: _copy_launch,
-               torch.ops.aten.to.dtype: _copy_launch,
-               torch.ops.aten.embedding.default: _embedding_launch,
-               torch.ops.aten.index_select.default: _index_select_launch,
-               torch.ops.aten.cat.default: _cat_launch}
 
 # Allocations recorded during capture: on a device they are graph-pool memory, not tasks;
 # the captured buffer is what the graph reads and writes at every replay.
@@ -159,7 +119,7 @@ class _Entry:
     task: bool = False  # a task group's call: device-tensor arguments held weakly
     out_fn: Callable[..., Any] | None = None  # writes `outputs` in place (_out_overload)
     matmul: bool = False  # runs on the device's cores (_MATMULS)
-    # the prepared kernel launches (graph_op `launcher` / `replay_launch`, _OWN_LAUNCH:
+    # the prepared kernel launches (graph_op `launcher` / `replay_launch`, OWN_LAUNCH:
     # native.Launch, or a Python callable); None: the replay runs the op
     launch: tuple | None = None
     native: bool = False  # every launch a native.Launch (run in a replay's program)
@@ -227,6 +187,7 @@ class _State(threading.local):
 
 
 _state = _State()
+_REISSUED = object()  # a pending update call's layouts: `relaunch` kept the task's launch
 # vLLM's attention and MoE custom ops are opaque containers: never recorded as one frozen
 # call; what they run inside is (op-surface calls as tasks, other aten ops as entries, e.g.
 # MLA's weight-absorption matmuls around its attention task, the MoE layer's routing).
@@ -261,7 +222,7 @@ class _Recorder(TorchDispatchMode):
             in_place = own or (_out_overload(func) if type(out) is torch.Tensor else None)
             entry = _Entry(func, args, kwargs, out, out_fn=in_place,
                            matmul=own is None and func.name() in _MATMULS)
-            launcher = _OWN_LAUNCH.get(func) if type(out) is torch.Tensor else None
+            launcher = OWN_LAUNCH.get(func) if type(out) is torch.Tensor else None
             if launcher is not None:
                 entry.prepare(functools.partial(launcher, *args, out=out, **kwargs))
             self.graph.entries.append(entry)
@@ -334,7 +295,8 @@ class SimGraph:
 def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...] = (),
              workspace: bool = False,
              replay_launch: Callable[..., Any] | None = None,
-             launcher: Callable[..., Any] | None = None) -> Callable[..., Any]:
+             launcher: Callable[..., Any] | None = None,
+             relaunch: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """Make a simulated op graph-aware: recorded as one entry under capture (a task's
     entry inside a task group), and captured into a task update inside one.
 
@@ -362,18 +324,25 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
     outputs are written in place, never fresh tensors.
 
     `launcher(*args, **kwargs) -> launch | None`: a task call's kernel launches
-    (`native.Launch`, a tuple of them, or a Python callable the replay calls), prepared when the call is issued (captured, or
-    re-issued in an update): the op's checks, then its kernels on that call's addresses
+    (`native.Launch`, a tuple of them, or a Python callable the replay calls), prepared
+    when the call is issued (captured, or re-issued in an update): the op's checks, then its kernels on that call's addresses
     and the host data it copied (holding no device tensor), or None where the call needs
     work a fixed launch cannot do (converting device data) and the replay runs the op. A
     device runtime checks an op and fixes its launch arguments when the op is issued; a
     replay only launches (CANN `aclmdlRIExecute` runs the recorded tasks, no host code of
     the op runs again). Before launching, a replay checks that the launch's memory is
     still there (`task_args.DeviceRef.check`; graph_program.py for the other launches).
-    Consecutive launches run in one native call (graph_program.py)."""
+    Consecutive launches run in one native call (graph_program.py).
+
+    `relaunch(launch, held, call) -> commit`: an update's call that re-issues its task's
+    call on the same memory (`task_args.same_call`: only host data changed, the common
+    decode step) with the task's launch kept: the op's checks that read the new host
+    data, then a `commit()` that task_update_end runs to write that data into the task's
+    copy and its launch; the other checks gave the same answer when the call was issued."""
     if fn is None:
         return functools.partial(graph_op, host_args=host_args, workspace=workspace,
-                                 replay_launch=replay_launch, launcher=launcher)
+                                 replay_launch=replay_launch, launcher=launcher,
+                                 relaunch=relaunch)
     signature = inspect.signature(fn)
     params = list(signature.parameters.values())
     kinds = inspect.Parameter
@@ -422,9 +391,25 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
                                      else kept[name])
         return bound.args, bound.kwargs, layouts
 
+    def reissued(args: tuple, kwargs: dict) -> Callable[[], None] | None:
+        """`relaunch`'s commit for an update's call that re-issues the task's current one
+        on the same memory; None: the call is held and launched anew."""
+        entries, i = _state.updating.entries, len(_state.pending)
+        entry = entries[i] if i < len(entries) else None
+        if entry is None or entry.fn is not fn or entry.launch is None:
+            return None
+        call, kept = by_name(args, kwargs), by_name(entry.args, entry.kwargs)
+        if call is None or kept is None or not same_call(kept, call, host_args):
+            return None
+        return relaunch(entry.launch, kept, call)
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         if _state.pending is not None and current_stream() is _state.update_stream:
+            commit = reissued(args, kwargs) if relaunch is not None else None
+            if commit is not None:
+                _state.pending.append((fn, None, None, _REISSUED, commit))
+                return None
             # becomes the task's call once graph_task_update_end has checked it
             kept_args, kept_kwargs, layouts = held(args, kwargs, True)
             launch = launcher(*args, **kwargs) if launcher is not None else None
@@ -523,7 +508,7 @@ def graph_task_update_end(stream: Any = None) -> None:
                          f"{[e.fn.__name__ for e in handle.entries]}, got "
                          f"{[fn.__name__ for fn, *_ in calls]} on that stream")
     for (fn, _, _, layouts, _), captured in zip(calls, handle.layouts):
-        if layouts == captured:
+        if layouts is _REISSUED or layouts == captured:
             continue
         # An updated task keeps its captured launch configuration (tiling, block dim):
         # vllm-ascend pads every updated argument to the captured batch (seq lens padded
@@ -534,7 +519,10 @@ def graph_task_update_end(stream: Any = None) -> None:
                 raise NPUOpError(f"graph task update of {fn.__name__}: {name} is {layout}, "
                                  f"captured {captured.get(name)}; pad the update's arguments "
                                  "to the captured batch")
-    for entry, (_, args, kwargs, _, launch) in zip(handle.entries, calls):
+    for entry, (_, args, kwargs, layouts, launch) in zip(handle.entries, calls):
+        if layouts is _REISSUED:
+            launch()  # the commit: new host data into the task's kept call and launch
+            continue
         entry.args, entry.kwargs = args, kwargs
         entry.prepared(launch)
         handle.graph.relaunched(entry)

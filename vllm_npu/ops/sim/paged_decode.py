@@ -209,3 +209,9 @@ def decode_launch(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
     return native.Launch("paged_decode", [ctypes.addressof(args), cores.device_cores()],
                          keep=(args, first, lens),
                          error=functools.partial(_failed, args, first, lens))
+
+
+def refresh_lens(launch: native.Launch, kv_lens: torch.Tensor) -> None:
+    """A `decode_launch`'s copy of the lengths rewritten in place (a task update of the
+    same call with new host lengths, already checked)."""
+    launch.keep[2].copy_(kv_lens)

@@ -58,6 +58,17 @@ class DeviceRef:
             and t.data_ptr() == self.ptr and tuple(t.shape) == self.shape \
             and t.stride() == self.stride and t.dtype == self.dtype
 
+    def holds(self, t: torch.Tensor) -> bool:
+        """`same_as`, answered without a storage lookup when t is the tensor held (which t
+        becomes when it addresses this memory: the next call passes it again)."""
+        if self.tensor() is t:
+            return t.data_ptr() == self.ptr and t.shape == self.shape \
+                and t.stride() == self.stride and t.dtype == self.dtype
+        if not self.same_as(t):
+            return False
+        self.tensor = weakref.ref(t)
+        return True
+
     def check(self, op: str) -> None:
         """Refuses a launch on this address once its memory was freed, or moved or shrunk
         (a storage resized, e.g. by sleep mode) since the task was issued."""
@@ -108,6 +119,29 @@ def hold(value: Any, host: bool, task: bool, op: str, name: str) -> tuple[Any, A
     pairs = [hold(leaf, host, task, op, name) for leaf in leaves]
     return (tree_unflatten([kept for kept, _ in pairs], spec),
             tree_unflatten([layout for _, layout in pairs], spec))
+
+
+def same_call(held: dict, call: dict, host_args: tuple[str, ...]) -> bool:
+    """`call` (arguments by name) re-issues the task call `held` (its kept arguments by
+    name) on the same memory: every device tensor at the address and with the layout held,
+    host tensors of the held shape and dtype (their values may differ), every other
+    argument an equal scalar. Such a re-issue can keep the task's launch and rewrite only
+    its host data (graph.graph_op's `relaunch`)."""
+    if held.keys() != call.keys():
+        return False
+    for name, value in call.items():
+        kept = held[name]
+        if type(kept) is DeviceRef:
+            if not isinstance(value, torch.Tensor) or not kept.holds(value):
+                return False
+        elif name in host_args:
+            if not isinstance(value, torch.Tensor) or not isinstance(kept, torch.Tensor) \
+                    or value.shape != kept.shape or value.dtype != kept.dtype:
+                return False
+        elif type(value) is not type(kept) or not isinstance(value, _SCALARS) \
+                or value != kept:
+            return False
+    return True
 
 
 def resolve(value: Any, op: str) -> Any:
