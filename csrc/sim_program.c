@@ -39,7 +39,7 @@ int64_t npu_sim_scatter_rows(const char *, int64_t, const int32_t *, int64_t, ch
 int npu_sim_linear(const float *, const float *, const float *, float *, int64_t, int64_t,
                    int64_t, int);
 int npu_sim_gemm(const float *, const float *, const float *, float *, int64_t, int64_t,
-                 int64_t, int);
+                 int64_t, int, int);
 int npu_sim_paged_decode_team(const pd_args *, int);
 int npu_sim_paged_decode(const pd_args *, int);
 
@@ -70,12 +70,13 @@ EXPORT int64_t npu_sim_task_scatter(const int64_t *a) {
     return r < 0 ? 0 : r + 1;
 }
 
-/* x, w, b|0, out, M, N, K, threads: sim_gemm.c for K in whole vectors, else MKL's sgemm
- * split by rows (sim_kernels.c); 0, or -3 without GNU OpenMP / MKL (checked when the
- * launch is prepared, native.linear_launch) */
+/* x, w, b|0, out, M, N, K, threads, kmajor: sim_gemm.c for K in whole vectors or w K-major
+ * (N in whole vectors), else MKL's sgemm split by rows (sim_kernels.c); 0, or -3 without
+ * GNU OpenMP / MKL (checked when the launch is prepared, native.linear_launch) */
 EXPORT int64_t npu_sim_task_linear(const int64_t *a) {
-    if (a[6] % 16 == 0)
-        return npu_sim_gemm(P(a[0]), P(a[1]), P(a[2]), W(a[3]), a[4], a[5], a[6], (int)a[7]);
+    if (a[8] || a[6] % 16 == 0)
+        return npu_sim_gemm(P(a[0]), P(a[1]), P(a[2]), W(a[3]), a[4], a[5], a[6], (int)a[7],
+                            (int)a[8]);
     return npu_sim_linear(P(a[0]), P(a[1]), P(a[2]), W(a[3]), a[4], a[5], a[6], (int)a[7]);
 }
 

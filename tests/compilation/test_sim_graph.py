@@ -123,7 +123,7 @@ def test_replayed_matmuls_run_on_the_device_cores_and_the_rest_on_one_thread(mon
             assert [e.matmul for e in graph.entries] == [False, False, True, False, True]
             assert graph.entries[0].out_fn is sim_linear.replay_linear_into
             (launch,) = graph.entries[0].launch
-            assert launch.task == "linear" and list(launch.args)[4:] == [64, 48, 32, 3]
+            assert launch.task == "linear" and list(launch.args)[4:] == [64, 48, 32, 3, 0]
             x.copy_(torch.randn(64, 32))
             graph.replay()
             assert torch.get_num_threads() == 1

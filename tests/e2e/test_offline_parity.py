@@ -123,6 +123,9 @@ def test_linear_layers_compute_with_the_simulated_matmul(engine, monkeypatch):
     for m in linears:
         assert type(m).__name__.startswith("NPU"), type(m)
         assert m.quant_method._gemm_impl is layers._device_gemm
+        # the device's weight layout (K-major), the parameter's shape unchanged
+        w = m.weight
+        assert w.shape[0] % 16 == 0 and w.t().is_contiguous() and not w.is_contiguous()
     # the logits projection (vLLM runs it outside the forward): the device's matmul too
     assert type(model.lm_head).__name__ == "NPUParallelLMHead"
     assert type(model.lm_head.quant_method) is layers._DeviceEmbeddingMethod

@@ -46,28 +46,39 @@ def test_without_onednn_everything_is_f_linear(monkeypatch):
 
 
 @pytest.mark.parametrize("rows,out_dim,in_dim", [(128, 256, 128), (7, 408, 128), (1, 5, 3),
-                                                 (129, 96, 40), (9, 30, 32)])
+                                                 (129, 96, 40), (9, 30, 32), (17, 48, 7),
+                                                 (8, 16, 256)])
 @pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("kmajor", [False, True])
 def test_replayed_linear_on_the_device_cores_matches_linear(rows, out_dim, in_dim, with_bias,
-                                                             monkeypatch):
-    """A replay's linear on 1, 2 and 3 cores (csrc/sim_gemm.c, output columns split, where
-    the inner dim is whole vectors of 16; otherwise MKL's sgemm per part of at least 16
-    rows; on torch's OpenMP team) writes the captured output equal to F.linear within
-    float32 rounding, torch left at its one thread."""
+                                                             kmajor, monkeypatch):
+    """A replay's linear on 1, 2 and 3 cores (csrc/sim_gemm.c, output columns split: dot
+    products where the inner dim is whole vectors of 16, multiply-adds on a K-major weight
+    whose N is; otherwise MKL's sgemm per part of at least 16 rows; on torch's OpenMP
+    team) writes the captured output equal to F.linear within float32 rounding, torch
+    left at its one thread. A K-major weight whose N is not whole vectors is refused by
+    the kernel (nothing written) and computed by aten's linear.out."""
     from vllm_npu.ops.sim import native
 
     if native.library() is None:
         pytest.skip("no native kernels library (install without a C compiler)")
     x, w = _randn(rows, in_dim, seed=8), _randn(out_dim, in_dim, seed=9)
+    if kmajor:  # the device's layout of a linear weight (ops/layers/linear.py)
+        w = w.t().contiguous().t()
     b = _randn(out_dim, seed=10) if with_bias else None
+    covered = not kmajor or out_dim % 16 == 0
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         want = F.linear(x, w, b)
         for cores in (1, 2, 3):
             out = torch.full((rows, out_dim), float("nan"))
-            assert native.linear(x, w, b, out, cores)
-            torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-5)
+            if not covered:
+                assert not native.linear(x, w, b, out, cores)
+                assert out.isnan().all()
+            else:
+                assert native.linear(x, w, b, out, cores)
+                torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-5)
             monkeypatch.setattr(sim_linear.cores, "device_cores", lambda n=cores: n)
             out.fill_(float("nan"))
             assert sim_linear.replay_linear_into(x, w, b, out=out) is out

@@ -40,14 +40,41 @@ def _device_gemm(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor,
     return sim_linear.linear(x, weight, bias)
 
 
+def device_weight_layout(layer: torch.nn.Module) -> None:
+    """The layer's float32 weight [N, K] kept K-major (`weight.t()` contiguous, the same
+    tensor shape): the simulated device's weight format. A device keeps its linear weights
+    in the layout its matmul reads fastest, converted once after loading (vllm-ascend casts
+    them to FRACTAL_NZ, `torch_npu.npu_format_cast(weight, 29)`, in
+    process_weights_after_loading; vLLM's own XPU path re-lays weights the same way,
+    `weight.t().contiguous().t()`); the simulator's decode matmul then multiplies rows of
+    w^T (csrc/sim_gemm.c: 16-27% faster than the dot products on [N, K] at 128 rows),
+    oneDNN's prefill matmul takes either layout (bitwise equal). Weights whose N is not
+    whole vectors of 16 stay as they are; a reload copies into the same layout."""
+    weight = getattr(layer, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.dim() == 2 \
+            and weight.dtype == torch.float32 and weight.shape[0] % 16 == 0 \
+            and weight.shape[1] > 1 and weight.is_contiguous():
+        weight.data = weight.data.t().contiguous().t()
+
+
 class _DeviceMatmul:
     """Mixed in front of a vLLM linear class: its unquantized method's gemm becomes the
-    simulated device's matmul once the layer is built."""
+    simulated device's matmul once the layer is built, and its weights take the device's
+    layout once loaded (`device_weight_layout`; the method object stays vLLM's own class:
+    vLLM picks weight loaders by its class name)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if type(self.quant_method) is UnquantizedLinearMethod:
-            self.quant_method._gemm_impl = _device_gemm
+        method = self.quant_method
+        if type(method) is UnquantizedLinearMethod:
+            method._gemm_impl = _device_gemm
+            after_loading = method.process_weights_after_loading
+
+            def process_weights_after_loading(layer: torch.nn.Module) -> None:
+                after_loading(layer)
+                device_weight_layout(layer)
+
+            method.process_weights_after_loading = process_weights_after_loading
 
 
 @ReplicatedLinear.register_oot

@@ -251,21 +251,33 @@ def scatter_launch(src: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor,
                               row * src.element_size(), cache.numel() // row], error=error)
 
 
+def _linear_slots(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  out: torch.Tensor, threads: int) -> list | None:
+    """The linear task's slots (csrc/sim_program.c `npu_sim_task_linear`), or None where it
+    does not cover the call: no library; not 2-D float32 with x, out (and bias) contiguous
+    and the weight contiguous or K-major (`weight.t()` contiguous, the device's layout,
+    ops/layers/linear.py) with its N in whole vectors of 16."""
+    tensors = (x, out) if bias is None else (x, bias, out)
+    if library() is None or not _f32_contiguous(*tensors) or x.dim() != 2 or weight.dim() != 2 \
+            or weight.dtype != torch.float32 or out.shape != (x.shape[0], weight.shape[0]) \
+            or x.shape[1] != weight.shape[1] or not x.numel() or not out.numel() \
+            or (bias is not None and bias.shape != (weight.shape[0],)):
+        return None
+    kmajor = not weight.is_contiguous()
+    if kmajor and (not weight.t().is_contiguous() or weight.shape[0] % 16):
+        return None
+    return [x.data_ptr(), weight.data_ptr(), _address(bias), out.data_ptr(), x.shape[0],
+            weight.shape[0], x.shape[1], threads, int(kmajor)]
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
            out: torch.Tensor, threads: int) -> bool:
     """out = x . weight^T (+ bias) on `threads` of torch's OpenMP team: `npu_sim_gemm`
-    (csrc/sim_gemm.c) where the inner dim is whole vectors of 16, else MKL's sgemm on
-    rows split between them (`npu_sim_linear`); False where it does not cover the case
-    (no library, GNU OpenMP or MKL; not 2-D float32 contiguous), written nothing then."""
-    tensors = (x, weight, out) if bias is None else (x, weight, bias, out)
-    if library() is None or not _f32_contiguous(*tensors) or x.dim() != 2 or weight.dim() != 2 \
-            or out.shape != (x.shape[0], weight.shape[0]) or x.shape[1] != weight.shape[1] \
-            or (bias is not None and bias.shape != (weight.shape[0],)) or not x.numel() \
-            or not out.numel():
-        return False
-    return _task("linear")[0](_slots(x.data_ptr(), weight.data_ptr(), _address(bias),
-                                     out.data_ptr(), x.shape[0], weight.shape[0], x.shape[1],
-                                     threads)) == 0
+    (csrc/sim_gemm.c) for a K-major weight or an inner dim in whole vectors of 16, else
+    MKL's sgemm on rows split between them (`npu_sim_linear`); False where it does not
+    cover the case (`_linear_slots`; no GNU OpenMP or MKL), written nothing then."""
+    slots = _linear_slots(x, weight, bias, out, threads)
+    return slots is not None and _task("linear")[0](_slots(*slots)) == 0
 
 
 def linear_launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -275,8 +287,7 @@ def linear_launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if not linear(x, weight, bias, out, threads):
         return None
     tensors = (x, weight, out) if bias is None else (x, weight, bias, out)
-    return Launch("linear", [x.data_ptr(), weight.data_ptr(), _address(bias), out.data_ptr(),
-                             x.shape[0], weight.shape[0], x.shape[1], threads], tensors=tensors)
+    return Launch("linear", _linear_slots(x, weight, bias, out, threads), tensors=tensors)
 
 
 # the copy task's conversions (csrc/sim_program.c COPY_*): same dtype, or integer ids and
