@@ -132,3 +132,33 @@ def test_the_logits_projection_runs_on_the_device_cores(shape, with_bias, monkey
     natively = len(shape) == 2 and native.library() is not None
     assert split == ([2] if len(shape) == 2 else [])
     assert threads == ([] if natively else [2])
+
+
+def test_the_device_weight_layout_is_k_major_where_the_matmul_takes_it():
+    """`device_weight_layout` (run after vLLM's weight processing) keeps a float32 weight
+    whose N is whole vectors of 16 K-major, the same [N, K] tensor and values; others as
+    they are. A replay's linear on the re-laid weight equals F.linear on the original."""
+    from vllm_npu.ops.layers.linear import device_weight_layout
+    from vllm_npu.ops.sim import native
+
+    for shape, dtype, relaid in (((48, 32), torch.float32, True), ((40, 32), torch.float32,
+                                  False), ((48, 32), torch.bfloat16, False)):
+        layer = torch.nn.Module()
+        layer.weight = torch.nn.Parameter(_randn(*shape, seed=14).to(dtype),
+                                          requires_grad=False)
+        before, param = layer.weight.detach().clone(), layer.weight
+        device_weight_layout(layer)
+        assert layer.weight is param and torch.equal(layer.weight, before)
+        assert layer.weight.is_contiguous() is not relaid
+        assert layer.weight.t().is_contiguous() is relaid
+        device_weight_layout(layer)  # again (a reload): the layout stays
+        assert layer.weight.t().is_contiguous() is relaid
+    if native.library() is not None:
+        x = _randn(9, 32, seed=15)
+        out = torch.empty(9, 48)
+        w = _randn(48, 32, seed=14)
+        layer = torch.nn.Module()
+        layer.weight = torch.nn.Parameter(w.clone(), requires_grad=False)
+        device_weight_layout(layer)
+        assert native.linear(x, layer.weight, None, out, 2)
+        torch.testing.assert_close(out, F.linear(x, w), rtol=1e-6, atol=1e-5)
