@@ -13,7 +13,8 @@ captured buffers, and only a task updated through the update API sees new argume
               native call per run of them (graph_program.py); other entries re-run,
               their results copied into the captured outputs
     update:   between task_update_begin(handle) and task_update_end, op-surface calls
-              do not run: they replace the handle's calls (same ops, new arguments)
+              do not run: they replace the handle's calls (same ops, new arguments; a
+              call on the memory its task holds keeps the task's launch, `relaunch`)
 
 A task holds device addresses, not tensors: the simulator keeps a task's device-tensor
 arguments by weak reference (task_args.py) and refuses a replay whose task points at
