@@ -33,26 +33,6 @@
 #define RB 4           /* tile rows per register block (8 measured the same) */
 #define SPAN 512       /* keys per softmax span (its scores: RB x SPAN floats per block) */
 
-/* x[i][l] -> x[l][i]: at each of four levels h the off-diagonal h x h blocks of every
- * 2h x 2h block swap places (rows i and i + h exchange their lanes with bit h set and
- * clear); after all four, every bit of the row and lane index has swapped. 64 two-input
- * shuffles for 256 elements instead of 256 scalar loads and stores: 5-15% off a prefill
- * call (16 prompts x 512 tokens, 2 KV heads of 32), bitwise the same result. */
-#define SWAP_LEVEL(x, h, lo, hi)                            \
-    for (int i = 0; i < 16; i++)                            \
-        if (!(i & (h))) {                                   \
-            const v16 a_ = (x)[i], b_ = (x)[i + (h)];       \
-            (x)[i] = __builtin_shuffle(a_, b_, (lo));       \
-            (x)[i + (h)] = __builtin_shuffle(a_, b_, (hi)); \
-        }
-
-static inline void transpose16(v16 x[16]) {
-    SWAP_LEVEL(x, 8, LO8, HI8)
-    SWAP_LEVEL(x, 4, LO4, HI4)
-    SWAP_LEVEL(x, 2, LO2, HI2)
-    SWAP_LEVEL(x, 1, LO1, HI1)
-}
-
 /* float32 caches, no rope, value rows in whole vectors */
 int tile_fits(const pd_args *a) {
     return !a->bf16 && a->R == 0 && a->Dv % 16 == 0 && a->row_of != NULL;

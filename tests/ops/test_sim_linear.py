@@ -47,15 +47,16 @@ def test_without_onednn_everything_is_f_linear(monkeypatch):
 
 @pytest.mark.parametrize("rows,out_dim,in_dim", [(128, 256, 128), (7, 408, 128), (1, 5, 3),
                                                  (129, 96, 40), (9, 30, 32), (17, 48, 7),
-                                                 (8, 16, 256)])
+                                                 (8, 16, 256), (64, 408, 128), (33, 40, 32)])
 @pytest.mark.parametrize("with_bias", [True, False])
 @pytest.mark.parametrize("kmajor", [False, True])
 def test_replayed_linear_on_the_device_cores_matches_linear(rows, out_dim, in_dim, with_bias,
                                                              kmajor, monkeypatch):
-    """A replay's linear on 1, 2 and 3 cores (csrc/sim_gemm.c, output columns split: dot
-    products where the inner dim is whole vectors of 16, multiply-adds on a K-major weight
-    whose N is; otherwise MKL's sgemm per part of at least 16 rows; on torch's OpenMP
-    team) writes the captured output equal to F.linear within float32 rounding, torch
+    """A replay's linear on 1, 2 and 3 cores (csrc/sim_gemm.c, output columns split: where
+    the inner dim is whole vectors of 16, dot products below 32 rows and multiply-adds on
+    panels of w^T packed per call from 32 (the last panel partial where N is not whole
+    panels), multiply-adds on a K-major weight whose N is whole vectors; otherwise MKL's
+    sgemm per part of at least 16 rows; on torch's OpenMP team) writes the captured output equal to F.linear within float32 rounding, torch
     left at its one thread. A K-major weight whose N is not whole vectors is refused by
     the kernel (nothing written) and computed by aten's linear.out."""
     from vllm_npu.ops.sim import native
