@@ -56,8 +56,8 @@ def test_replayed_linear_on_the_device_cores_matches_linear(rows, out_dim, in_di
     the inner dim is whole vectors of 16, dot products below 32 rows and multiply-adds on
     panels of w^T packed per call from 32 (the last panel partial where N is not whole
     panels), multiply-adds on a K-major weight whose N is whole vectors; otherwise MKL's
-    sgemm per part of at least 16 rows; on torch's OpenMP team) writes the captured output equal to F.linear within float32 rounding, torch
-    left at its one thread. A K-major weight whose N is not whole vectors is refused by
+    sgemm per part of at least 16 rows; on torch's OpenMP team) writes the captured output
+    equal to F.linear within float32 rounding, torch left at its one thread. A K-major weight whose N is not whole vectors is refused by
     the kernel (nothing written) and computed by aten's linear.out."""
     from vllm_npu.ops.sim import native
 

@@ -326,8 +326,8 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
 
     `launcher(*args, **kwargs) -> launch | None`: a task call's kernel launches
     (`native.Launch`, a tuple of them, or a Python callable the replay calls), prepared
-    when the call is issued (captured, or re-issued in an update): the op's checks, then its kernels on that call's addresses
-    and the host data it copied (holding no device tensor), or None where the call needs
+    when the call is issued (captured, or re-issued in an update): the op's checks, then
+    its kernels on that call's addresses and the host data it copied (holding no device tensor), or None where the call needs
     work a fixed launch cannot do (converting device data) and the replay runs the op. A
     device runtime checks an op and fixes its launch arguments when the op is issued; a
     replay only launches (CANN `aclmdlRIExecute` runs the recorded tasks, no host code of

@@ -284,10 +284,11 @@ def linear_launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                   out: torch.Tensor, threads: int) -> Launch | None:
     """`linear` prepared, or None where it does not cover the case (checked by running it
     once: the library finds GNU OpenMP and MKL when first called)."""
-    if not linear(x, weight, bias, out, threads):
+    slots = _linear_slots(x, weight, bias, out, threads)
+    if slots is None or _task("linear")[0](_slots(*slots)) != 0:
         return None
     tensors = (x, weight, out) if bias is None else (x, weight, bias, out)
-    return Launch("linear", _linear_slots(x, weight, bias, out, threads), tensors=tensors)
+    return Launch("linear", slots, tensors=tensors)
 
 
 # the copy task's conversions (csrc/sim_program.c COPY_*): same dtype, or integer ids and

@@ -54,16 +54,18 @@ class DeviceRef:
         """t addresses this memory, still alive, with this layout (a task holding this
         reads t's data)."""
         storage = self.ref()
-        return storage is not None and storage.data_ptr() == self.base \
-            and t.data_ptr() == self.ptr and tuple(t.shape) == self.shape \
+        return storage is not None and storage.data_ptr() == self.base and self._laid_out(t)
+
+    def _laid_out(self, t: torch.Tensor) -> bool:
+        """t starts at this address with this layout (its storage not looked at)."""
+        return t.data_ptr() == self.ptr and tuple(t.shape) == self.shape \
             and t.stride() == self.stride and t.dtype == self.dtype
 
     def holds(self, t: torch.Tensor) -> bool:
         """`same_as`, answered without a storage lookup when t is the tensor held (which t
         becomes when it addresses this memory: the next call passes it again)."""
         if self.tensor() is t:
-            return t.data_ptr() == self.ptr and t.shape == self.shape \
-                and t.stride() == self.stride and t.dtype == self.dtype
+            return self._laid_out(t)
         if not self.same_as(t):
             return False
         self.tensor = weakref.ref(t)
