@@ -30,11 +30,12 @@ BATCHES = (1, 4, 16, 64, 256)
 def _layer(experts: int, top_k: int) -> SimpleNamespace:
     return SimpleNamespace(scoring_func="softmax", renormalize=True, use_grouped_topk=False,
                            num_expert_group=None, topk_group=None, top_k=top_k,
-                           e_score_correction_bias=None, routed_scaling_factor=1.0)
+                           e_score_correction_bias=None, routed_scaling_factor=1.0,
+                           custom_routing_function=None)
 
 
 def moe_forward(layer, x, logits, w13, w2, tables):
-    weights, ids = select_experts(layer, logits)
+    weights, ids = select_experts(layer, x, logits)
     slots = to_physical(ids, *tables)
     return run_local_experts(x, weights.to(x.dtype), slots, FloatExperts(w13, w2), 0,
                              w13.shape[0])

@@ -90,16 +90,34 @@ def _fia(ops, dev, dtype, gen):
     return [out, lse]
 
 
-def _fia_out(ops, dev, dtype, gen):
-    k, v, table = _paged_kv(gen, dtype, dev)
-    q = _randn(gen, 5, 8, 64, dtype=dtype, dev=dev)
-    kwargs = _fia_kwargs(table, [4, 5], [300, 131])
-    workspace = ops._npu_fused_infer_attention_score_get_max_workspace(q, k, v, **kwargs)
-    out = torch.empty_like(q)
-    lse = torch.empty(5, 8, 1, dtype=torch.float32, device=q.device)
-    ops.npu_fused_infer_attention_score_out(q, k, v, out=[out, lse], workspace=workspace,
-                                            **kwargs)
-    return [out, lse]
+def _fia_out_case(sinks: bool):
+    """The `.out` call graph capture records; with `sinks`, gpt-oss's form: FIA v2 under its
+    argument names, learnable sinks and a sliding window (band, sparse_mode 4)."""
+    def run(ops, dev, dtype, gen):
+        k, v, table = _paged_kv(gen, dtype, dev)
+        q = _randn(gen, 5, 8, 64, dtype=dtype, dev=dev)
+        kwargs = _fia_kwargs(table, [4, 5], [300, 131])
+        call, workspace_of = (ops.npu_fused_infer_attention_score_out,
+                              ops._npu_fused_infer_attention_score_get_max_workspace)
+        if sinks:
+            from vllm_npu.attention.fia_calls import V2_NAMES
+
+            kwargs = {V2_NAMES.get(name, name): value for name, value in kwargs.items()}
+            kwargs.update(sparse_mode=4, pre_tokens=127, next_tokens=0,
+                          learnable_sink=_randn(gen, 8, dtype=torch.bfloat16, dev=dev))
+            call, workspace_of = (ops.npu_fused_infer_attention_score_v2_out,
+                                  ops._npu_fused_infer_attention_score_v2_get_max_workspace)
+        workspace = workspace_of(q, k, v, **kwargs)
+        out = torch.empty_like(q)
+        lse = torch.empty(5, 8, 1, dtype=torch.float32, device=q.device)
+        call(q, k, v, out=[out, lse], workspace=workspace, **kwargs)
+        return [out, lse]
+    return run
+
+
+def _clipped_swiglu(ops, dev, dtype, gen):
+    x = _randn(gen, 5, 256, dtype=dtype, dev=dev, scale=4.0)  # past the clamp at 7
+    return [ops.npu_clipped_swiglu(x, alpha=1.702, limit=7.0, bias=1.0, interleaved=True)]
 
 
 def _paged_args(gen, dtype, dev, lens):
@@ -294,8 +312,10 @@ CASES = [
     Case("npu_rotary_mul[half]", _rotary("half")),
     Case("npu_rotary_mul[interleave]", _rotary("interleave")),
     Case("npu_swiglu", _swiglu),
+    Case("npu_clipped_swiglu", _clipped_swiglu),
     Case("npu_fused_infer_attention_score", _fia),
-    Case("npu_fused_infer_attention_score_out", _fia_out),
+    Case("npu_fused_infer_attention_score_out", _fia_out_case(sinks=False)),
+    Case("npu_fused_infer_attention_score_v2_out[sinks, band]", _fia_out_case(sinks=True)),
     Case("_npu_paged_attention", _paged_attention),
     Case("_npu_reshape_and_cache", _reshape_and_cache, atol=0.0),
     Case("_npu_reshape_and_cache[mla planes]", _reshape_and_cache_mla, atol=0.0),
@@ -350,6 +370,7 @@ def main(argv=None) -> int:
     covered = {part.split("[")[0] for c in CASES for part in c.name.split("+")}
     missing = sorted(set(surface.OP_NAMES) - covered - {
         "_npu_fused_infer_attention_score_get_max_workspace",  # used by the .out case
+        "_npu_fused_infer_attention_score_v2_get_max_workspace",  # by the v2 .out case
         "_npu_paged_attention_get_workspace"})                 # used by the paged case
     if missing:
         print(f"ops without a conformance case: {missing}", file=sys.stderr)

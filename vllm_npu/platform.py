@@ -359,11 +359,9 @@ class NPUPlatform(Platform):
         custom_ops = compilation.custom_ops
         if "all" not in custom_ops and "none" not in custom_ops:
             npu_config = NPUConfig.from_additional_config(vllm_config.additional_config)
-            # Simulated ops are Python, not opaque device ops: Dynamo would trace into
-            # them, so compiled pieces use vLLM's native layers on the simulated NPU.
-            traced = SIMULATED and compilation.mode == CompilationMode.VLLM_COMPILE
-            use_npu_ops = npu_config.enable_custom_ops and not traced
-            custom_ops.append("all" if use_npu_ops else "none")
+            # every mode, compiled ones too: the simulated ops are opaque custom ops for
+            # Dynamo as torch_npu's are (ops/sim/opaque.py)
+            custom_ops.append("all" if npu_config.enable_custom_ops else "none")
 
     @classmethod
     def update_block_size_for_backend(cls, vllm_config: "VllmConfig") -> None:
@@ -399,4 +397,10 @@ class NPUPlatform(Platform):
 
     @classmethod
     def opaque_attention_op(cls) -> bool:
+        return True
+
+    @classmethod
+    def use_custom_op_collectives(cls) -> bool:
+        """TP collectives as vLLM's custom ops (`torch.ops.vllm.all_reduce` & co.): Dynamo
+        records one call instead of tracing into the HCCL binding's ctypes calls."""
         return True

@@ -512,16 +512,23 @@ def test_backend_properties():
 # ------------------------------------------------------------------------ impl refusals
 
 
-@pytest.mark.parametrize("kw,name", [
-    (dict(alibi_slopes=[0.5, 0.25]), "alibi_slopes"),
-    (dict(logits_soft_cap=30.0), "logits_soft_cap"),
-    (dict(sinks=torch.zeros(4)), "sinks"),
-])
-def test_impl_refuses_unsupported_features(default_npu_config, kw, name):
+def test_impl_refuses_alibi(default_npu_config):
+    with pytest.raises(NotImplementedError, match=r"does not support \['alibi_slopes'\]"):
+        NPUAttentionImpl(4, 16, 0.25, 2, alibi_slopes=[0.5, 0.25], sliding_window=None,
+                         kv_cache_dtype="auto")
+
+
+def test_impl_takes_sinks_and_soft_caps(default_npu_config):
+    """Sinks go to FIA v2 (ATB paged attention takes none), a soft cap to the eager
+    composition: neither decodes through paged attention."""
     args = dict(alibi_slopes=None, sliding_window=None, kv_cache_dtype="auto")
-    args.update(kw)
-    with pytest.raises(NotImplementedError, match=rf"does not support \['{name}'\]"):
-        NPUAttentionImpl(4, 16, 0.25, 2, **args)
+    sinks = torch.zeros(4)
+    with_sinks = NPUAttentionImpl(4, 16, 0.25, 2, sinks=sinks, **args)
+    capped = NPUAttentionImpl(4, 16, 0.25, 2, logits_soft_cap=30.0, **args)
+    plain = NPUAttentionImpl(4, 16, 0.25, 2, **args)
+    assert with_sinks.sinks is sinks and capped.logits_soft_cap == 30.0
+    assert plain.use_paged_decode
+    assert not with_sinks.use_paged_decode and not capped.use_paged_decode
 
 
 @pytest.mark.parametrize("attn_type", [AttentionType.ENCODER, AttentionType.ENCODER_ONLY,

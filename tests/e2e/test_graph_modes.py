@@ -51,17 +51,19 @@ def expected(tiny_models):
     return [hf_greedy(path, p, n) for p, n in zip(prompts, max_tokens)]
 
 
-def _spy_npu_layers(mocker) -> dict:
+def _spy_sim_kernels(mocker) -> dict:
+    """Spies on the simulated NPU layers' kernels (npu_rms_norm / npu_add_rms_norm,
+    npu_rotary_mul, npu_swiglu, float32): they run only when a forward runs the NPU
+    layers (eager, a graph capture, an eager batch), never while Dynamo traces them (it
+    records the ops' fakes), and spying on them leaves the traced code unchanged."""
     from vllm.model_executor.layers import rotary_embedding
-    from vllm_npu.ops.layers.activation import NPUSiluAndMul
-    from vllm_npu.ops.layers.layernorm import NPURMSNorm
-    from vllm_npu.ops.layers.rotary_embedding import NPURotaryEmbedding
+
+    from vllm_npu.ops.sim import native
 
     # vLLM caches rotary embeddings by shape across engines in a process, each holding the
-    # forward it picked when built: one built before the spies would bypass them.
+    # forward it picked when built
     mocker.patch.dict(rotary_embedding._ROPE_DICT, clear=True)
-    return {cls.__name__: mocker.spy(cls, "forward_oot")
-            for cls in (NPURMSNorm, NPURotaryEmbedding, NPUSiluAndMul)}
+    return {name: mocker.spy(native, name) for name in ("rms_norm", "rotary_mul", "swiglu")}
 
 
 @pytest.mark.parametrize("mode", ["eager", "PIECEWISE", *FULL_MODES])
@@ -69,25 +71,39 @@ def test_every_graph_mode_gives_hf_tokens(tiny_models, parity_dtype, expected, m
     path = tiny_models["llama"]
     kwargs = ({"enforce_eager": True} if mode == "eager"
               else {"compilation_config": {"cudagraph_mode": mode}})
-    layers = _spy_npu_layers(mocker)
+    kernels = _spy_sim_kernels(mocker)
     got, replays, updates, _, resolved = _run(path, parity_dtype, **kwargs)
     assert got == expected
-    calls = {name: spy.call_count for name, spy in layers.items()}
+    calls = {name: spy.call_count for name, spy in kernels.items()}
     # The NPU layers (npu_rms_norm / npu_add_rms_norm, npu_rotary_mul, npu_swiglu) carry
-    # the model wherever vLLM runs it without Dynamo: eager, and the FULL modes, whose
-    # graphs capture the eager forward. The piecewise modes compile with Dynamo, which on
-    # the simulated NPU would trace into the simulated ops' Python: there vLLM's native
-    # layers run (NPUPlatform.check_and_update_config sets custom_ops "none").
-    if "PIECEWISE" in mode:
-        assert not any(calls.values()), calls
-    else:
-        assert all(calls.values()), calls
+    # the model in every mode: the piecewise modes compile with Dynamo, which records the
+    # simulated ops as opaque custom ops (ops/sim/opaque.py), as it does torch_npu's.
+    assert all(calls.values()), calls
     if mode == "eager":
         assert replays == 0
         return
     assert resolved.name == mode
     assert replays > 0  # graphs were replayed, not bypassed
     assert (updates > 0) == (mode in FULL_MODES)  # FULL replays refresh attention tasks
+
+
+@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL_AND_PIECEWISE"])
+def test_piecewise_modes_with_vllm_default_batch(tiny_models, parity_dtype, expected, mode,
+                                                 mocker):
+    """vLLM's default max_num_batched_tokens: the compiled pieces are traced for a batch
+    large enough that the simulated matmul picks its prefill kernel (a host-side choice
+    Dynamo must not see: the op is opaque), and the NPU layers run inside them."""
+    from vllm_npu.ops.sim.linear import ONEDNN_MIN_ROWS
+
+    kernels = _spy_sim_kernels(mocker)
+    got, replays, _, runner, resolved = _run(
+        tiny_models["llama"], parity_dtype, max_num_batched_tokens=None,
+        compilation_config={"cudagraph_mode": mode})
+    assert runner.scheduler_config.max_num_batched_tokens >= ONEDNN_MIN_ROWS
+    assert resolved.name == mode and replays > 0
+    assert got == expected
+    calls = {name: spy.call_count for name, spy in kernels.items()}
+    assert all(calls.values()), calls
 
 
 def test_skipping_the_update_hook_refuses_full_replay(tiny_models, parity_dtype,

@@ -298,23 +298,41 @@ def test_select_experts_matches_reference(kw, ref):
     from vllm_npu.moe.routing import select_experts
 
     logits = torch.randn(21, 8, generator=_gen(11))
-    weights, ids = select_experts(_layer(**kw), logits)
+    weights, ids = select_experts(_layer(**kw), torch.zeros(21, 4), logits)
     ref_w, ref_ids = _ref_routing(logits, 2, **ref)
     assert torch.equal(ids.long(), ref_ids)
     torch.testing.assert_close(weights, ref_w, atol=1e-6, rtol=1e-6)
+
+
+def test_custom_routing_function_runs_as_the_model_wrote_it():
+    """Llama 4's router (sigmoid of the top-1 logit, written here) replaces the gating op;
+    with the weight applied on the input, top-1 is the only valid form."""
+    from vllm_npu.moe.routing import routing_problems, select_experts
+
+    def sigmoid_top1(hidden_states, gating_output, topk, renormalize):
+        scores, ids = gating_output.topk(topk, dim=-1)
+        return scores.float().sigmoid(), ids
+
+    logits = torch.randn(21, 8, generator=_gen(12))
+    layer = _layer(custom_routing_function=sigmoid_top1, top_k=1, renormalize=False,
+                   apply_router_weight_on_input=True, scoring_func="sqrtsoftplus")
+    assert routing_problems(layer, 8) == []  # the gating op's limits do not apply
+    weights, ids = select_experts(layer, torch.zeros(21, 4), logits)
+    assert ids.dtype == torch.int32
+    assert torch.equal(ids.long().squeeze(1), logits.argmax(-1))
+    torch.testing.assert_close(weights.squeeze(1), logits.max(-1).values.sigmoid())
 
 
 def test_routing_problems_name_the_setting():
     from vllm_npu.moe.routing import routing_problems
 
     assert routing_problems(_layer(), 8) == []
-    cases = [(dict(custom_routing_function=len), 8, "custom routing function (len)"),
-             (dict(scoring_func="sqrtsoftplus"), 8, "scoring_func='sqrtsoftplus'"),
+    cases = [(dict(scoring_func="sqrtsoftplus"), 8, "scoring_func='sqrtsoftplus'"),
              (dict(scoring_func="sigmoid", renormalize=False), 8, "without renormalisation"),
              (dict(use_grouped_topk=True, num_expert_group=4, topk_group=1), 8, "n_group=4"),
              (dict(use_grouped_topk=True, num_expert_group=2, topk_group=1, top_k=5), 8,
               "top_k=5"),
-             (dict(apply_router_weight_on_input=True), 8, "on the input"),
+             (dict(apply_router_weight_on_input=True), 8, "on the input with top_k=2"),
              (dict(), 4096, "at most 2048")]
     for kw, experts, match in cases:
         problems = routing_problems(_layer(**kw), experts)

@@ -40,7 +40,9 @@ from vllm_npu.attention.context_parallel import (
     combine_over_ranks,
     merge_partials,
 )
+from vllm_npu.attention.fia_calls import as_task, fia_max_workspace, fia_out
 from vllm_npu.attention.host_lens import host_seq_lens
+from vllm_npu.attention.softcap import softcap_attention
 from vllm_npu.attention.prefill_context_parallel import (
     PCPMetadata,
     build_pcp_metadata,
@@ -110,7 +112,7 @@ class NPUAttentionBackend(AttentionBackend):
         return NPUAttentionMetadataBuilder
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: vLLM's chunked-local builder sets its hook after build
 class NPUAttentionMetadata:
     num_actual_tokens: int       # tokens in the batch, padding excluded
     num_reqs: int
@@ -123,6 +125,9 @@ class NPUAttentionMetadata:
     attn_mask: torch.Tensor      # bool [2048, 2048], True above the diagonal (masked)
     dcp: DCPMetadata | None = None  # decode context parallelism: this rank's context shard
     pcp: PCPMetadata | None = None  # prefill context parallelism: this rank's query pieces
+    # Llama 4's chunked local attention (vLLM's ChunkedLocalAttentionBuilder): the batch is
+    # its virtual per-chunk requests; this maps a block table to theirs
+    make_virtual_batches_block_table: object = None
 
 
 def table_for(meta: "NPUAttentionMetadata", requests: int) -> torch.Tensor:
@@ -153,6 +158,13 @@ def pad_query_ends(tokens: int, ends: list[int], kv_lens: list[int],
     return ends + [tokens], kv_lens + [max(pad, min_kv)]
 
 
+def _soft_capped(vllm_config: VllmConfig | None) -> bool:
+    """A layer of the model caps its logits (softcap.py: eager only, no FULL graphs)."""
+    layers = vllm_config.compilation_config.static_forward_context if vllm_config else {}
+    return any(getattr(getattr(layer, "impl", None), "logits_soft_cap", None)
+               for layer in layers.values())
+
+
 def uses_dcp(vllm_config: VllmConfig | None) -> bool:
     return vllm_config is not None and vllm_config.parallel_config.decode_context_parallel_size > 1
 
@@ -167,7 +179,8 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
         replayed attention task keeps the capture's sequence lengths and block table.
         With DCP, pure-decode batches only: whether a batch has cached context (and so
         runs the context path with its collectives) is decided on the host."""
-        if not callable(getattr(cls.impl_cls, "update_graph_params", None)):
+        if not callable(getattr(cls.impl_cls, "update_graph_params", None)) \
+                or _soft_capped(vllm_config):
             return AttentionCGSupport.NEVER
         if uses_dcp(vllm_config):
             return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
@@ -248,18 +261,16 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
                  attn_type: str = AttentionType.DECODER,
                  kv_sharing_target_layer_name: str | None = None,
                  sinks: torch.Tensor | None = None) -> None:
-        unsupported = {"alibi_slopes": alibi_slopes, "logits_soft_cap": logits_soft_cap,
-                       "sinks": sinks}
-        used = [k for k, v in unsupported.items() if v is not None]
-        if used:
-            raise NotImplementedError(f"NPU attention backend does not support {used}")
+        if alibi_slopes is not None:
+            raise NotImplementedError("NPU attention backend does not support ['alibi_slopes']")
         if attn_type != AttentionType.DECODER:
             raise NotImplementedError(f"NPU attention backend supports decoder attention "
                                       f"only, got attn_type={attn_type!r}")
-        if self.dcp_world_size > 1 and sliding_window is not None:
+        if self.dcp_world_size > 1 and (sliding_window is not None or sinks is not None):
             raise NotImplementedError(
                 f"NPU attention backend: decode context parallelism with a sliding window "
-                f"({sliding_window}) is not supported; use --decode-context-parallel-size 1")
+                f"({sliding_window}) or attention sinks is not supported; use "
+                "--decode-context-parallel-size 1")
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -267,8 +278,18 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         self.sliding_window = sliding_window
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        # [H] per-head sink logits (gpt-oss): FIA v2 only, ATB paged attention takes none
+        self.sinks = sinks
+        # Gemma 2: no kernel takes a soft cap, these layers run softcap.py's composition
+        self.logits_soft_cap = logits_soft_cap or None
         self.use_paged_decode = (get_npu_config().decode_attention_op == "paged_attention"
-                                 and sliding_window is None)
+                                 and sliding_window is None and sinks is None
+                                 and not logits_soft_cap)
+        if self.logits_soft_cap and (self.dcp_world_size > 1 or self.pcp_world_size > 1):
+            raise NotImplementedError(
+                "NPU attention backend: logit soft-capping (an eager composition, softcap.py) "
+                "with context parallelism is not supported; use --decode-context-parallel-size "
+                "1 and --prefill-context-parallel-size 1")
         self._lse: torch.Tensor | None = None  # the fused op's unused LSE output
         self._captured_cache_task: tuple | None = None
         self._views: tuple | None = None  # _cache_views: (kv_cache, its four views)
@@ -324,9 +345,16 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
             return
         if self._lse is None:
             self._lse = torch.zeros(1, dtype=torch.float32, device=q.device)
-        args, kwargs = self._fia_args(q, kv_cache, meta)
-        ops.npu_fused_infer_attention_score_out(*args, out=[out, self._lse],
-                                                workspace=workspace, **kwargs)
+        fia_out(self._fia_args(q, kv_cache, meta), out, self._lse, workspace, self.sinks)
+
+    def _attend_softcap(self, query: torch.Tensor, kv_cache: torch.Tensor,
+                        meta: NPUAttentionMetadata, out: torch.Tensor) -> None:
+        if get_graph_backend().is_capturing():  # the builder reports NEVER: unreachable
+            raise RuntimeError("NPU attention backend: logit soft-capping runs eagerly")
+        _, _, k_heads, v_heads = self._cache_views(kv_cache)
+        softcap_attention(query, k_heads, v_heads, meta.block_table, meta.query_ends,
+                          meta.seq_lens_list, self.scale, self.logits_soft_cap,
+                          self.sliding_window, out)
 
     def _task_workspace(self, kind: str, q: torch.Tensor, kv_cache: torch.Tensor,
                         meta: NPUAttentionMetadata, out: torch.Tensor) -> torch.Tensor:
@@ -339,7 +367,7 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
                 lens = torch.full_like(meta.seq_lens, longest)
                 return ops._npu_paged_attention_get_workspace(
                     **self._paged_args(q, kv_cache, meta, out, seq_lens=lens))
-        return _max_workspace(self._fia_args(q, kv_cache, meta))
+        return fia_max_workspace(self._fia_args(q, kv_cache, meta), self.sinks)
 
     def _attend_dcp(self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     kv_cache: torch.Tensor, meta: NPUAttentionMetadata, out: torch.Tensor,
@@ -352,8 +380,8 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         t, heads = q.shape[:2]
         new = self._dcp_new_tokens_args(q, key, value, meta)
         new_out, new_lse = torch.empty_like(q), q.new_empty(t, heads, 1, dtype=torch.float32)
-        new_ws = _max_workspace(new) if backend is not None else None
-        new_task, _ = as_task(backend, _fia_out, new, new_out, new_lse, new_ws)
+        new_ws = fia_max_workspace(new) if backend is not None else None
+        new_task, _ = as_task(backend, fia_out, new, new_out, new_lse, new_ws)
         if backend is None and not meta.dcp.any_context:
             out.copy_(new_out)
             return None
@@ -364,8 +392,8 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         ctx = self._dcp_context_args(q_all, kv_cache, meta)
         ctx_out = torch.empty_like(q_all)
         ctx_lse = q_all.new_empty(t, q_all.shape[1], 1, dtype=torch.float32)
-        ctx_ws = _max_workspace(ctx) if backend is not None else None
-        ctx_task, _ = as_task(backend, _fia_out, ctx, ctx_out, ctx_lse, ctx_ws)
+        ctx_ws = fia_max_workspace(ctx) if backend is not None else None
+        ctx_task, _ = as_task(backend, fia_out, ctx, ctx_out, ctx_lse, ctx_ws)
         merged_ctx, merged_lse = combine_over_ranks(group, ctx_out, ctx_lse[..., 0],
                                                     self.num_heads)
         merged, _ = merge_partials([merged_ctx, new_out], [merged_lse, new_lse[..., 0]])
@@ -465,6 +493,12 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
             raise NotImplementedError("NPU attention: fused output quantization")
         if attn_metadata is None:  # profile / dummy run
             return output
+        # The fused ops take a contiguous query (op-plugin FIA docs; ATB ops likewise): a
+        # model without rotary (OPT, GPT-2) hands a strided view of its fused qkv rows.
+        query = query if query.is_contiguous() else query.contiguous()
+        if self.logits_soft_cap is not None:
+            self._attend_softcap(query, kv_cache, attn_metadata, output)
+            return output
         if attn_metadata.pcp is not None and is_slice_active():
             self._attend_pcp(query, kv_cache, attn_metadata, output)
             return output
@@ -525,11 +559,11 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
             return
         dcp = tasks.dcp
         backend.task_update_begin(stream, tasks.attention)
-        _fia_out(self._dcp_new_tokens_args(tasks.query, dcp.key, dcp.value, meta),
+        fia_out(self._dcp_new_tokens_args(tasks.query, dcp.key, dcp.value, meta),
                  dcp.new_out, dcp.new_lse, dcp.new_workspace)
         backend.task_update_end(stream)
         backend.task_update_begin(stream, dcp.context)
-        _fia_out(self._dcp_context_args(dcp.q_all, tasks.kv_cache, meta), dcp.ctx_out,
+        fia_out(self._dcp_context_args(dcp.q_all, tasks.kv_cache, meta), dcp.ctx_out,
                  dcp.ctx_lse, dcp.ctx_workspace)
         backend.task_update_end(stream)
 
@@ -548,29 +582,6 @@ class DCPTasks:
     ctx_out: torch.Tensor         # [T, W*H, D] + lse: the context task's results
     ctx_lse: torch.Tensor
     ctx_workspace: torch.Tensor | None
-
-
-def _fia_out(call: tuple[tuple, dict], out: torch.Tensor, lse: torch.Tensor,
-             workspace: torch.Tensor | None) -> None:
-    args, kwargs = call
-    ops.npu_fused_infer_attention_score_out(*args, out=[out, lse], workspace=workspace,
-                                            **kwargs)
-
-
-def _max_workspace(call: tuple[tuple, dict]) -> torch.Tensor:
-    args, kwargs = call
-    return ops._npu_fused_infer_attention_score_get_max_workspace(*args, **kwargs)
-
-
-def as_task(backend, fn, *args):
-    """fn(*args), as one task group of the graph being captured when `backend` is given:
-    returns (task handle or None, fn's result)."""
-    if backend is None:
-        return None, fn(*args)
-    stream = backend.current_stream()
-    backend.task_group_begin(stream)
-    result = fn(*args)
-    return backend.task_group_end(stream), result
 
 
 NPUAttentionMetadataBuilder.impl_cls = NPUAttentionImpl

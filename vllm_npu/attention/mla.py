@@ -64,7 +64,8 @@ from vllm.v1.kv_cache_interface import AttentionSpec
 
 from vllm_npu import ops
 from vllm_npu.attention import mla_spec_decode as spec
-from vllm_npu.attention.backend import MASK_SIDE, _fia_out, _max_workspace, as_task, uses_dcp
+from vllm_npu.attention.backend import MASK_SIDE, uses_dcp
+from vllm_npu.attention.fia_calls import as_task, fia_max_workspace, fia_out
 from vllm_npu.attention.context_parallel import gather_sharded_rows
 from vllm_npu.attention.mla_prefill import cumulative
 from vllm_npu.attention.host_lens import host_seq_lens
@@ -453,8 +454,8 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
             call = self._spec_call(q_nope, q_rope, kv_c_and_k_pe_cache, d.block_table,
                                    d.seq_lens.tolist(), d.query_ends, d.attn_mask)
             lse = torch.zeros(1, dtype=torch.float32, device=out.device)
-            workspace = _max_workspace(call) if capturing else None
-            attention, _ = as_task(backend if capturing else None, _fia_out, call, out, lse,
+            workspace = fia_max_workspace(call) if capturing else None
+            attention, _ = as_task(backend if capturing else None, fia_out, call, out, lse,
                                    workspace)
             extra = dict(query_len=d.query_ends[0], workspace=workspace, lse=lse)
         else:
@@ -513,7 +514,7 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
                 d.query_ends or list(range(1, len(d.seq_lens) + 1)), d.seq_lens.tolist(),
                 d.block_table, tasks.q_nope.shape[0], tasks.query_len)
             self._update_args += (spec_table,)
-            _fia_out(self._spec_call(tasks.q_nope, tasks.q_rope, tasks.kv_cache, spec_table,
+            fia_out(self._spec_call(tasks.q_nope, tasks.q_rope, tasks.kv_cache, spec_table,
                                      spec_lens, ends, d.attn_mask),
                      tasks.output, tasks.lse, tasks.workspace)
         else:

@@ -14,7 +14,7 @@ op; they add nothing. Rows past the kept pairs are undefined after the grouped m
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,18 +26,32 @@ def _gmm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, **quant) -> tor
                                   group_type=0, group_list_type=1, **quant)[0]
 
 
+def _biased(bias: torch.Tensor | None) -> dict:
+    # float32 bias beside float inputs (vllm-ascend moe_mlp.py passes w1_bias.to(float32))
+    return {} if bias is None else {"bias": [bias.float()]}
+
+
 @dataclass(frozen=True)
 class FloatExperts:
-    """w13 [S, 2I, H] and w2 [S, H, I] (vLLM's layout; the matmuls take them transposed)."""
+    """w13 [S, 2I, H] and w2 [S, H, I] (vLLM's layout; the matmuls take them transposed);
+    optional biases w13_bias [S, 2I] / w2_bias [S, H]. `clipped`: gpt-oss's clamped SwiGLU
+    on interleaved gate/up features (`npu_clipped_swiglu`), else SwiGLU on halves."""
     w13: torch.Tensor
     w2: torch.Tensor
+    w13_bias: torch.Tensor | None = field(default=None, kw_only=True)
+    w2_bias: torch.Tensor | None = field(default=None, kw_only=True)
+    clipped: bool = field(default=False, kw_only=True)
 
     @property
     def num_slots(self) -> int:
         return self.w13.shape[0]
 
+    def _act(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return ops.npu_clipped_swiglu(gate_up) if self.clipped else ops.npu_swiglu(gate_up)
+
     def mlp(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        return _gmm(ops.npu_swiglu(_gmm(rows, self.w13, counts)), self.w2, counts)
+        gate_up = _gmm(rows, self.w13, counts, **_biased(self.w13_bias))
+        return _gmm(self._act(gate_up), self.w2, counts, **_biased(self.w2_bias))
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@
     DeepSeek-V2             softmax   max per group    -                 raw or renormalised
     DeepSeek-V3 / R1        sigmoid   top-2 sum        e_score_corr.     renormalised
 
-torch_npu's op renormalises sigmoid weights always and softmax weights never
+A custom routing function replaces the op (select_experts). torch_npu's op renormalises sigmoid weights always and softmax weights never
 (`renorm` must be 0), so softmax + renormalize divides afterwards and sigmoid without
 renormalize is refused. `routed_scaling_factor` is the layer's: vLLM's DeepSeek model
 passes it to the runner instead (`apply_routed_scale_to_output`), leaving 1.0 here, so it
@@ -29,16 +29,16 @@ def routing_problems(layer, num_experts: int) -> list[str]:
     """Why the NPU MoE path cannot route this layer (empty when it can)."""
     problems = []
     scoring = layer.scoring_func
+    if layer.apply_router_weight_on_input and layer.top_k != 1:
+        problems.append(f"router weights applied on the input with top_k={layer.top_k} "
+                        "(valid: top_k 1)")
     if layer.custom_routing_function is not None:
-        problems.append("a custom routing function "
-                        f"({getattr(layer.custom_routing_function, '__name__', '?')})")
+        return problems  # the model's own selection (below): no gating-op limits apply
     if scoring not in ("softmax", "sigmoid"):
         problems.append(f"scoring_func={scoring!r} (valid: 'softmax', 'sigmoid')")
     if scoring == "sigmoid" and not layer.renormalize:
         problems.append("sigmoid scoring without renormalisation (norm_topk_prob=False): "
                         "npu_moe_gating_top_k always renormalises sigmoid weights")
-    if layer.apply_router_weight_on_input:
-        problems.append("router weights applied on the input (apply_router_weight_on_input)")
     if getattr(layer, "hash_indices_table", None) is not None:
         problems.append("hash routing")
     groups, topk_group = _groups(layer)
@@ -56,8 +56,17 @@ def routing_problems(layer, num_experts: int) -> list[str]:
     return problems
 
 
-def select_experts(layer, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(topk_weights [T, k] float, logical topk_ids [T, k] int32)."""
+def select_experts(layer, x: torch.Tensor,
+                   router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_weights [T, k] float, logical topk_ids [T, k] int32). A model's custom routing
+    function (Llama 4: sigmoid of the top-1 logit) is plain tensor ops: it runs as the
+    model wrote it, on the device too (vllm-ascend likewise keeps vLLM's
+    CustomRoutingRouter for it, router_factory.py)."""
+    custom = layer.custom_routing_function
+    if custom is not None:
+        weights, ids = custom(hidden_states=x, gating_output=router_logits,
+                              topk=layer.top_k, renormalize=layer.renormalize)
+        return weights, ids.to(torch.int32)
     groups, topk_group = _groups(layer)
     bias = layer.e_score_correction_bias
     if bias is not None:

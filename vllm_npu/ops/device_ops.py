@@ -7,6 +7,7 @@ npu_rms_norm = torch_npu.npu_rms_norm
 npu_add_rms_norm = torch_npu.npu_add_rms_norm
 npu_rotary_mul = torch_npu.npu_rotary_mul
 npu_swiglu = torch_npu.npu_swiglu
+npu_clipped_swiglu = torch_npu.npu_clipped_swiglu
 npu_fused_infer_attention_score = torch_npu.npu_fused_infer_attention_score
 npu_attention_update = torch_npu.npu_attention_update
 npu_multi_head_latent_attention = torch_npu.atb.npu_multi_head_latent_attention
@@ -29,6 +30,16 @@ def npu_fused_infer_attention_score_out(query, key, value, *, out, workspace=Non
 
 _npu_fused_infer_attention_score_get_max_workspace = \
     torch_npu._npu_fused_infer_attention_score_get_max_workspace
+_npu_fused_infer_attention_score_v2_get_max_workspace = \
+    torch_npu._npu_fused_infer_attention_score_v2_get_max_workspace
+
+
+def npu_fused_infer_attention_score_v2_out(query, key, value, *, out, workspace=None, **kwargs):
+    if workspace is None:
+        workspace = _npu_fused_infer_attention_score_v2_get_max_workspace(query, key, value,
+                                                                          **kwargs)
+    torch_npu.npu_fused_infer_attention_score_v2.out(query, key, value, workspace=workspace,
+                                                     out=out, **kwargs)
 
 
 def _npu_paged_attention(query, key_cache, value_cache, num_kv_heads, num_heads, scale_value,

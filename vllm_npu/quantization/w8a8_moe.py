@@ -23,6 +23,8 @@ SCHEME = "W8A8_DYNAMIC"
 
 
 class NPUW8A8DynamicFusedMoEMethod(NPUMoEMethodMixin, FusedMoEMethodBase):
+    ACTIVATIONS = ("silu",)  # Int8Experts: npu_swiglu between the quantised matmuls
+    TAKES_BIAS = False
 
     def __init__(self, moe, layer_name: str) -> None:
         super().__init__(moe)

@@ -102,17 +102,30 @@ def build_tiny_model(path: str, arch: str = "llama", seed: int = 0, vocab_size: 
         raise ValueError(f"hot_experts needs arch 'deepseek_v3' (a selection bias), not {arch!r}")
     if os.path.exists(os.path.join(path, "config.json")):
         return path
-    import torch
-    from transformers import AutoModelForCausalLM
-
     os.makedirs(path, exist_ok=True)
     tok = _train_tokenizer(path, vocab_size, seed)
     config = _config(arch, len(tok), tok.bos_token_id, tok.eos_token_id, **config_overrides)
+    save_random_model(path, config, tok, seed, weight_scale, hot_experts=hot_experts)
+    return path
+
+
+def save_random_model(path: str, config, tok, seed: int, weight_scale: float,
+                      router_params: tuple[str, ...] = _ROUTER_PARAMS,
+                      hot_experts: tuple[int, ...] = ()) -> None:
+    """Random float32 weights for `config`, scaled by `weight_scale` except norms and
+    `router_params`, saved with `tok`'s ids as the generation config."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" not in name and not name.endswith(_ROUTER_PARAMS):
+            if name.endswith(router_params) and not p.any():
+                # HF starts some routers at zero (ERNIE 4.5): every expert would tie, and
+                # which of tied experts a top-k picks is the kernel's choice, not the model's
+                p.copy_(torch.randn(p.shape) * (0.05 if name.endswith("bias") else 0.02))
+            elif "norm" not in name and not name.endswith(router_params):
                 p.mul_(weight_scale)
         for name, b in model.named_buffers():  # HF keeps the selection bias as a buffer
             if name.endswith("e_score_correction_bias"):
@@ -121,7 +134,6 @@ def build_tiny_model(path: str, arch: str = "llama", seed: int = 0, vocab_size: 
     model.save_pretrained(path, safe_serialization=True)
     with open(os.path.join(path, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}, f)
-    return path
 
 
 def build_tiny_classifier(src: str, path: str, num_labels: int) -> str:

@@ -38,6 +38,10 @@ class NPUMoEMethodMixin:
     holding an expert, and the monolithic forward. A method supplies its weights
     (`create_weights` between `_prepare` and `_finish`) and `experts(layer)`."""
 
+    # gated activations: 'silu' (npu_swiglu), 'swigluoai' (gpt-oss, npu_clipped_swiglu)
+    ACTIVATIONS = ("silu", "swigluoai")
+    TAKES_BIAS = True  # expert biases ride on npu_grouped_matmul's `bias`
+
     @property
     def is_monolithic(self) -> bool:
         return True
@@ -83,10 +87,13 @@ class NPUMoEMethodMixin:
 
     def slot_tensors(self, layer) -> tuple[torch.Tensor, ...]:
         """Every tensor indexed by local slot (what EPLB moves with an expert)."""
-        return (layer.w13_weight, layer.w2_weight)
+        biases = (layer.w13_bias, layer.w2_bias) if self.moe.has_bias else ()
+        return (layer.w13_weight, layer.w2_weight, *biases)
 
     def experts(self, layer) -> Experts:
-        return FloatExperts(layer.w13_weight, layer.w2_weight)
+        biases = (layer.w13_bias, layer.w2_bias) if self.moe.has_bias else (None, None)
+        return FloatExperts(layer.w13_weight, layer.w2_weight, w13_bias=biases[0],
+                            w2_bias=biases[1], clipped=self.moe.activation.value == "swigluoai")
 
     def set_placement(self, placement: expert_map.ExpertPlacement) -> None:
         """Route by a new placement (the EPLB runtime moved the weights first). The
@@ -99,10 +106,11 @@ class NPUMoEMethodMixin:
 
     def _check_supported(self, layer) -> None:
         problems = routing_problems(layer, self.moe.num_logical_experts)
-        if not self.moe.is_act_and_mul or self.moe.activation.value != "silu":
-            problems.append(f"activation {self.moe.activation.value!r} (the NPU MoE path "
-                            "runs SwiGLU: 'silu' gated experts)")
-        if self.moe.has_bias:
+        activation = self.moe.activation.value
+        if not self.moe.is_act_and_mul or activation not in self.ACTIVATIONS:
+            problems.append(f"activation {activation!r} (the NPU MoE path runs gated experts "
+                            f"with {self.ACTIVATIONS})")
+        if self.moe.has_bias and not self.TAKES_BIAS:
             problems.append("expert biases")
         if problems:
             raise ValueError(f"MoE layer {layer.layer_name} cannot run on the NPU: "
@@ -112,8 +120,28 @@ class NPUMoEMethodMixin:
         """Load checkpoint expert `expert_id` into every local slot that holds it. Per-
         channel scales / offsets load like their weights' rows, except w2's: its output
         channels (hidden) are not split by TP, so each rank takes them whole."""
+        stacks_loaded: set[tuple] = set()
+
         def load(param, loaded_weight, weight_name, shard_id, expert_id,
                  return_success=False):
+            if loaded_weight.dim() == 3 and shard_id in ("w1", "w2", "w3"):
+                # Experts stacked [E, out, in] (Llama 4's fused checkpoint tensors), handed
+                # over once per expert id: each local slot takes its own expert's rows
+                key = (id(param), shard_id, loaded_weight.data_ptr())
+                if key not in stacks_loaded:
+                    stacks_loaded.add(key)
+                    stacked = _stacked_experts(layer, self.moe.num_logical_experts,
+                                               loaded_weight.shape[0])
+                    missing = sorted(set(self._local) - set(stacked))
+                    if missing:
+                        raise ValueError(
+                            f"{layer.layer_name}: experts {missing} are placed on this rank "
+                            "but the model's loader hands it only experts "
+                            f"{stacked} (a stacked checkpoint under EP follows vLLM's "
+                            "linear split: drop moe.expert_map_path / redundant experts)")
+                    for row, e in enumerate(stacked):
+                        load(param, loaded_weight[row], weight_name, shard_id, e)
+                return True if return_success else None
             slots = [s for s, e in enumerate(self._local) if e == expert_id]
             if loaded_weight.dim() != 2 or shard_id not in ("w1", "w2", "w3"):
                 raise ValueError(f"{layer.layer_name}: unexpected expert weight "
@@ -142,10 +170,12 @@ class NPUMoEMethodMixin:
     # ---- forward ---------------------------------------------------------------------
     def apply_monolithic(self, layer, x: torch.Tensor, router_logits: torch.Tensor,
                          input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        weights, ids = select_experts(layer, router_logits)
+        weights, ids = select_experts(layer, x, router_logits)
         slots = expert_map.to_physical(ids, self.log2phy, self.replicas)
         count_pairs(self.expert_load, slots)  # EPLB's load window (graph-capturable)
         weights = weights.to(x.dtype)
+        if layer.apply_router_weight_on_input:  # top-1 (Llama 4): the expert sees x * w
+            x, weights = x * weights, torch.ones_like(weights)
         experts = self.experts(layer)
         layout = self.layout
         if layout.ep_size == 1:
@@ -169,6 +199,20 @@ class NPUUnquantizedFusedMoEMethod(NPUMoEMethodMixin, UnquantizedFusedMoEMethod)
         super().create_weights(layer, local, hidden_size, intermediate_size_per_partition,
                                params_dtype, **extra_weight_attrs)
         self._finish(layer)
+
+
+def _stacked_experts(layer, logical: int, rows: int) -> list[int]:
+    """The logical experts of a stacked checkpoint tensor's rows: all of them, or under EP
+    those vLLM's model loader kept (`expert_map != -1`, vLLM's linear split)."""
+    if rows == logical:
+        return list(range(rows))
+    expert_map = getattr(layer, "expert_map", None)
+    kept = [] if expert_map is None else (expert_map != -1).nonzero().flatten().tolist()
+    if len(kept) != rows:
+        raise ValueError(f"{layer.layer_name}: a stacked expert tensor of {rows} experts "
+                         f"matches neither the model's {logical} nor the {len(kept)} "
+                         "vLLM's loader keeps on this rank")
+    return kept
 
 
 def _copy_checked(layer, name: str, dst: torch.Tensor, src: torch.Tensor) -> None:

@@ -32,12 +32,13 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     VocabParallelEmbedding,
 )
 
+from vllm_npu.ops import sim as sim_ops
 from vllm_npu.ops.sim import linear as sim_linear
 
 
 def _device_gemm(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
-    return sim_linear.linear(x, weight, bias)
+    return sim_ops.device_matmul(x, weight, bias)  # an opaque op for Dynamo (sim/opaque.py)
 
 
 def device_weight_layout(layer: torch.nn.Module) -> None:

@@ -24,6 +24,8 @@ class NPURotaryEmbedding(RotaryEmbedding):
     _memo: tuple | None = None
 
     def _cos_sin(self, positions: torch.Tensor, like: torch.Tensor):
+        if torch.compiler.is_compiling():  # traced: per layer (no Python memo in a graph)
+            return self._gather_cos_sin(positions, like)
         ctx = get_forward_context() if is_forward_context_available() else None
         memo = self._memo
         if ctx is not None and memo is not None and memo[0] is ctx \

@@ -7,7 +7,9 @@ from vllm_npu.ops.sim import (
     activation,
     attention,
     attention_update,
+    attention_v2,
     cache,
+    linear,
     lora,
     mla,
     moe,
@@ -16,12 +18,21 @@ from vllm_npu.ops.sim import (
     rotary,
 )
 from vllm_npu.ops.sim.graph import graph_op
+from vllm_npu.ops.sim.opaque import opaque
 
 # Row ops whose replays launch their kernels into the captured outputs (`replay_launch`).
-npu_swiglu = graph_op(activation.npu_swiglu, replay_launch=activation.swiglu_launch)
-npu_rms_norm = graph_op(norm.npu_rms_norm, replay_launch=norm.rms_norm_launch)
-npu_add_rms_norm = graph_op(norm.npu_add_rms_norm, replay_launch=norm.add_rms_norm_launch)
-npu_rotary_mul = graph_op(rotary.npu_rotary_mul, replay_launch=rotary.rotary_mul_launch)
+# The ops model layers call are opaque custom ops for Dynamo (opaque.py), as a device's are.
+npu_swiglu = opaque("npu_swiglu", graph_op(activation.npu_swiglu,
+                                           replay_launch=activation.swiglu_launch))
+npu_rms_norm = opaque("npu_rms_norm", graph_op(norm.npu_rms_norm,
+                                               replay_launch=norm.rms_norm_launch))
+npu_add_rms_norm = opaque("npu_add_rms_norm", graph_op(norm.npu_add_rms_norm,
+                                                       replay_launch=norm.add_rms_norm_launch))
+npu_rotary_mul = opaque("npu_rotary_mul", graph_op(rotary.npu_rotary_mul,
+                                                   replay_launch=rotary.rotary_mul_launch))
+npu_clipped_swiglu = graph_op(activation.npu_clipped_swiglu)
+# The linear layers' matmul (not a graph op: its aten calls are recorded as they run).
+device_matmul = opaque("device_matmul", linear.linear)
 # Host-side arguments (frozen into a task at capture / update; see graph.graph_op): the
 # sequence lengths torch_npu takes as host lists (FIA `actual_seq_lengths(_kv)`, op-plugin
 # `IntArrayRef`) or host int32 tensors (ATB paged attention `context_lens`, read on the host
@@ -31,6 +42,9 @@ npu_fused_infer_attention_score = graph_op(attention.npu_fused_infer_attention_s
                                            host_args=_FIA_HOST)
 npu_fused_infer_attention_score_out = graph_op(attention.npu_fused_infer_attention_score_out,
                                                host_args=_FIA_HOST, workspace=True)
+npu_fused_infer_attention_score_v2_out = graph_op(
+    attention_v2.npu_fused_infer_attention_score_v2_out,
+    host_args=("actual_seq_qlen", "actual_seq_kvlen"), workspace=True)
 _npu_paged_attention = graph_op(attention._npu_paged_attention, host_args=("context_lens",),
                                 workspace=True, launcher=attention.paged_attention_launch,
                                 relaunch=attention.paged_attention_relaunch)
@@ -38,6 +52,8 @@ _npu_paged_attention = graph_op(attention._npu_paged_attention, host_args=("cont
 _npu_fused_infer_attention_score_get_max_workspace = \
     attention._npu_fused_infer_attention_score_get_max_workspace
 _npu_paged_attention_get_workspace = attention._npu_paged_attention_get_workspace
+_npu_fused_infer_attention_score_v2_get_max_workspace = \
+    attention_v2._npu_fused_infer_attention_score_v2_get_max_workspace
 _npu_reshape_and_cache = graph_op(cache._npu_reshape_and_cache,
                                   launcher=cache.reshape_and_cache_launch)
 npu_multi_head_latent_attention = graph_op(mla.npu_multi_head_latent_attention,
@@ -47,9 +63,9 @@ npu_moe_gating_top_k = graph_op(moe.npu_moe_gating_top_k)
 npu_moe_init_routing_v2 = graph_op(moe.npu_moe_init_routing_v2)
 npu_grouped_matmul = graph_op(moe.npu_grouped_matmul)
 npu_moe_token_unpermute = graph_op(moe.npu_moe_token_unpermute)
-npu_quantize = graph_op(quant.npu_quantize)
-npu_dynamic_quant = graph_op(quant.npu_dynamic_quant)
-npu_quant_matmul = graph_op(quant.npu_quant_matmul)
+npu_quantize = opaque("npu_quantize", graph_op(quant.npu_quantize))
+npu_dynamic_quant = opaque("npu_dynamic_quant", graph_op(quant.npu_dynamic_quant))
+npu_quant_matmul = opaque("npu_quant_matmul", graph_op(quant.npu_quant_matmul))
 npu_bgmv_shrink = graph_op(lora.npu_bgmv_shrink)
 npu_bgmv_expand = graph_op(lora.npu_bgmv_expand)
 npu_sgmv_shrink = graph_op(lora.npu_sgmv_shrink)

@@ -560,8 +560,15 @@ def npu_fused_infer_attention_score_out(query: torch.Tensor, key: torch.Tensor,
                                         workspace: torch.Tensor | None = None,
                                         **kwargs) -> None:
     """The `.out` variant (what graph capture records): results go into out=[attn, lse]."""
-    op = "npu_fused_infer_attention_score.out"
     attn, lse = npu_fused_infer_attention_score(query, key, value, **kwargs)
+    write_fia_out("npu_fused_infer_attention_score.out", query, kwargs, attn, lse, out,
+                  workspace)
+
+
+def write_fia_out(op: str, query: torch.Tensor, kwargs: dict, attn: torch.Tensor,
+                  lse: torch.Tensor, out: list[torch.Tensor],
+                  workspace: torch.Tensor | None) -> None:
+    """An `.out` variant's checks (v1 argument names in `kwargs`), then its writes."""
     _check_workspace(op, workspace, _fia_workspace_bytes(query, kwargs.get("num_heads", 1)))
     if out[0].shape != attn.shape or out[0].dtype != attn.dtype:
         raise NPUOpError(f"{op}: out[0] must be {tuple(attn.shape)} {attn.dtype}, got "

@@ -39,6 +39,7 @@ from torch.utils._pytree import tree_leaves
 from vllm_npu.ops.sim import cores, graph_program, linear, native
 from vllm_npu.ops.sim.aten_launches import OWN_LAUNCH
 from vllm_npu.ops.sim.checks import NPUOpError
+from vllm_npu.ops.sim.opaque import NAMESPACE as OPAQUE_SIM
 from vllm_npu.ops.sim.task_args import addresses, hold, resolve, same_call
 
 
@@ -189,18 +190,20 @@ class _State(threading.local):
 
 _state = _State()
 _REISSUED = object()  # a pending update call's layouts: `relaunch` kept the task's launch
-# vLLM's attention and MoE custom ops are opaque containers: never recorded as one frozen
-# call; what they run inside is (op-surface calls as tasks, other aten ops as entries, e.g.
-# MLA's weight-absorption matmuls around its attention task, the MoE layer's routing).
+# vLLM's attention, MoE and collective custom ops are opaque containers: never recorded as
+# one frozen call; what they run inside is (op-surface calls as tasks, other aten ops as
+# entries, e.g. MLA's weight-absorption matmuls around its attention task, the MoE layer's
+# routing, the HCCL binding's graph-op collectives).
 _OPAQUE_NAMESPACE = "vllm"
-_OPAQUE_PREFIXES = ("unified_", "moe_forward")
+_OPAQUE_PREFIXES = ("unified_", "moe_forward", "all_reduce", "all_gather", "reduce_scatter")
 _OPAQUE_KERNEL_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 
 def _is_opaque(func) -> bool:
     name = getattr(func, "name", lambda: "")()
     ns, _, op = name.partition("::")
-    return ns == _OPAQUE_NAMESPACE and op.startswith(_OPAQUE_PREFIXES)
+    # the simulated ops compiled code calls (opaque.py): their op-surface call is recorded
+    return ns == _OPAQUE_NAMESPACE and op.startswith(_OPAQUE_PREFIXES) or ns == OPAQUE_SIM
 
 
 class _Recorder(TorchDispatchMode):

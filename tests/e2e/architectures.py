@@ -1,0 +1,114 @@
+"""The architectures the engine tests serve, and the README's models table rendered from
+them (`python -m tests.e2e.architectures` prints it; test_architectures.py fails when the
+README's table differs from this registry, which is what it parametrizes)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EAGER, FULL_DECODE_ONLY, FULL_AND_PIECEWISE = "eager", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"
+# with a TP run in FULL_AND_PIECEWISE beside them, these cover every mode
+SINGLE_DEVICE = (EAGER, FULL_DECODE_ONLY)
+
+
+@dataclass(frozen=True)
+class Arch:
+    hf_class: str              # the checkpoint's architecture
+    tiny: str                  # tiny_archs.ARCHS or tiny_model builder key
+    attention: str             # what the NPU attention backend runs for it
+    modes: tuple[str, ...]     # single-device graph modes run here
+    parallel: str = ""         # a TP run here in FULL_AND_PIECEWISE: "TP2" or "TP2+EP2"
+    prompt_len: int = 7        # shortest prompt (4 prompts, 23 tokens apart)
+    # a config override that changes HF's tokens: the feature bites in this model
+    proof: tuple[tuple[str, object], ...] = ()
+    note: str = ""             # graph-mode downgrades and other tests covering it
+
+    @property
+    def moe(self) -> bool:
+        return "EP" in self.parallel
+
+
+FIA = "paged attention / FIA"
+ARCHS = {
+    "opt": Arch("OPTForCausalLM", "opt", f"{FIA}, learned positions", SINGLE_DEVICE, "TP2"),
+    "gpt2": Arch("GPT2LMHeadModel", "gpt2", f"{FIA}, learned positions", SINGLE_DEVICE, "TP2"),
+    "gemma2": Arch("Gemma2ForCausalLM", "gemma2",
+                   "soft-capped composition (no kernel takes a cap), sliding/full layers",
+                   SINGLE_DEVICE, "TP2",
+                   proof=(("attn_logit_softcapping", None), ("sliding_window", 4096)),
+                   note="no FULL graphs (soft cap): FULL_DECODE_ONLY runs eagerly, "
+                        "FULL_AND_PIECEWISE as PIECEWISE"),
+    "gpt_oss": Arch("GptOssForCausalLM", "gpt_oss",
+                    "FIA v2 with learnable sinks, sliding/full layers; MoE with biases and "
+                    "npu_clipped_swiglu", SINGLE_DEVICE, "TP2+EP2",
+                    proof=(("sliding_window", 4096),)),
+    "llama4": Arch("Llama4ForCausalLM", "llama4",
+                   f"{FIA}, chunked local attention (vLLM's virtual batches), NoPE layers; "
+                   "sigmoid top-1 routing on the input", SINGLE_DEVICE, "TP2+EP2",
+                   prompt_len=120, proof=(("attention_chunk_size", 4096),),
+                   note="no FULL graphs (vLLM's chunked-local builder): FULL_DECODE_ONLY "
+                        "runs eagerly, FULL_AND_PIECEWISE as PIECEWISE"),
+    "ernie45_moe": Arch("Ernie4_5_MoeForCausalLM", "ernie45_moe",
+                        f"{FIA}; softmax routing with a selection bias, shared expert",
+                        SINGLE_DEVICE, "TP2+EP2"),
+    "qwen3": Arch("Qwen3ForCausalLM", "qwen3", f"{FIA}, q/k norm", (FULL_AND_PIECEWISE,)),
+    "gemma3": Arch("Gemma3ForCausalLM", "gemma3", f"{FIA}, sliding/full layers, q/k norm",
+                   (FULL_AND_PIECEWISE,)),
+    "phi3": Arch("Phi3ForCausalLM", "phi3", f"{FIA}, fused qkv", (FULL_AND_PIECEWISE,)),
+    "starcoder2": Arch("Starcoder2ForCausalLM", "starcoder2",
+                       f"{FIA}, LayerNorm, biases, GELU MLP", (FULL_AND_PIECEWISE,)),
+    "mixtral": Arch("MixtralForCausalLM", "mixtral", f"{FIA}; softmax top-2 MoE",
+                    (FULL_AND_PIECEWISE,)),
+    "olmoe": Arch("OlmoeForCausalLM", "olmoe", f"{FIA}, q/k norm; softmax top-k MoE",
+                  (FULL_AND_PIECEWISE,)),
+    "qwen2_moe": Arch("Qwen2MoeForCausalLM", "qwen2_moe", f"{FIA}; MoE, gated shared expert",
+                      (FULL_AND_PIECEWISE,)),
+    "glm4_moe": Arch("Glm4MoeForCausalLM", "glm4_moe",
+                     f"{FIA}, partial rotary; sigmoid grouped routing with a selection bias",
+                     (FULL_AND_PIECEWISE,)),
+    "deepseek_v2": Arch("DeepseekV2ForCausalLM", "deepseek_v2",
+                        "MLA; grouped softmax routing, shared expert", (FULL_AND_PIECEWISE,)),
+    "minimax_m2": Arch("MiniMaxM2ForCausalLM", "minimax_m2",
+                       f"{FIA}, partial rotary; sigmoid routing with a selection bias",
+                       (FULL_AND_PIECEWISE,)),
+    "llama": Arch("LlamaForCausalLM", "llama", FIA, (FULL_AND_PIECEWISE,),
+                  note="every mode, TP/PP/DP, spec decode, LoRA: test_graph_modes, "
+                       "test_parallel, test_offline_parity"),
+    "qwen2": Arch("Qwen2ForCausalLM", "qwen2", f"{FIA}, tied embeddings", (FULL_AND_PIECEWISE,),
+                  note="test_offline_parity"),
+    "mistral": Arch("MistralForCausalLM", "mistral", f"{FIA}, sliding window (band mask)",
+                    (FULL_AND_PIECEWISE,), note="test_sliding_window"),
+    "qwen3_moe": Arch("Qwen3MoeForCausalLM", "qwen3_moe", f"{FIA}; softmax top-k MoE",
+                      (FULL_AND_PIECEWISE,), note="EP, DP: test_moe_parity"),
+    "deepseek_v3": Arch("DeepseekV3ForCausalLM", "deepseek_v3", "MLA (latent cache)",
+                        (FULL_AND_PIECEWISE,), note="MLA modes, MoE, EPLB, DCP: test_mla_parity, "
+                                                    "test_graph_modes, test_eplb_runtime"),
+}
+# Architectures vLLM 0.33 serves but the plugin does not yet, or vLLM cannot run without
+# CUDA or missing packages (measured: shared/notes/vllm-0.33-models-and-upstream-tests.md).
+NOT_SERVED = {
+    "KimiLinearForCausalLM": "vLLM 0.33's model imports `cutlass` (CUDA only), with any platform",
+    "Qwen3_5ForCausalLM": "vLLM 0.33 imports its vision code, which needs torchvision",
+    "Qwen3NextForCausalLM": "hybrid linear attention: not yet (mixed KV cache layouts)",
+    "GraniteMoeHybridForCausalLM": "Mamba-2 hybrid: not yet (mixed KV cache layouts)",
+    "DeepseekV32ForCausalLM": "sparse MLA with the lightning indexer: not yet",
+}
+
+
+def _modes(arch: Arch) -> str:
+    return ", ".join(arch.modes)
+
+
+def models_table() -> str:
+    rows = ["| architecture | attention on the NPU | graph modes tested | parallel tested | "
+            "notes |", "|---|---|---|---|---|"]
+    for arch in ARCHS.values():
+        parallel = f"{arch.parallel} (FULL_AND_PIECEWISE)" if arch.parallel else "-"
+        rows.append(f"| `{arch.hf_class}` | {arch.attention} | {_modes(arch)} | {parallel} | "
+                    f"{arch.note or '-'} |")
+    for name, why in NOT_SERVED.items():
+        rows.append(f"| `{name}` | not served | - | - | {why} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(models_table())
