@@ -529,6 +529,11 @@ def test_impl_takes_sinks_and_soft_caps(default_npu_config):
     assert with_sinks.sinks is sinks and capped.logits_soft_cap == 30.0
     assert plain.use_paged_decode
     assert not with_sinks.use_paged_decode and not capped.use_paged_decode
+    with_sinks.process_weights_after_loading(torch.float32)
+    assert with_sinks.sinks is sinks  # float32 beside float32 activations: kept
+    half = NPUAttentionImpl(4, 16, 0.25, 2, sinks=torch.ones(4, dtype=torch.float16), **args)
+    half.process_weights_after_loading(torch.float16)
+    assert half.sinks.dtype == torch.bfloat16  # FIA v2 takes bfloat16 sinks only
 
 
 @pytest.mark.parametrize("attn_type", [AttentionType.ENCODER, AttentionType.ENCODER_ONLY,

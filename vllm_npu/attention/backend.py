@@ -294,6 +294,13 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         self._captured_cache_task: tuple | None = None
         self._views: tuple | None = None  # _cache_views: (kv_cache, its four views)
 
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        """Sinks in the dtype FIA v2 takes: bfloat16 (float32 beside float32 activations,
+        the simulator's extension); a float16 model's are cast once, here."""
+        want = torch.float32 if act_dtype == torch.float32 else torch.bfloat16
+        if self.sinks is not None and self.sinks.dtype != want:
+            self.sinks = self.sinks.to(want)
+
     def _cache_views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """kv_cache [num_blocks, 2, bs, Hkv*D] -> K, V planes [num_blocks, bs, Hkv*D] and
         their per-head views [num_blocks, bs, Hkv, D]. Made once per cache tensor: every
