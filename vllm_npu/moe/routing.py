@@ -5,9 +5,9 @@
     DeepSeek-V2             softmax   max per group    -                 raw or renormalised
     DeepSeek-V3 / R1        sigmoid   top-2 sum        e_score_corr.     renormalised
 
-A custom routing function replaces the op (select_experts). torch_npu's op renormalises sigmoid weights always and softmax weights never
-(`renorm` must be 0), so softmax + renormalize divides afterwards and sigmoid without
-renormalize is refused. `routed_scaling_factor` is the layer's: vLLM's DeepSeek model
+A model's custom routing function replaces the op (select_experts). torch_npu's op
+renormalises sigmoid weights always and softmax weights never (`renorm` must be 0), so
+softmax + renormalize divides afterwards and sigmoid without renormalize is refused. `routed_scaling_factor` is the layer's: vLLM's DeepSeek model
 passes it to the runner instead (`apply_routed_scale_to_output`), leaving 1.0 here, so it
 is applied exactly once.
 """

@@ -21,6 +21,7 @@ from vllm_npu.testing.tiny_model import _ROUTER_PARAMS, _train_tokenizer, save_r
 _DENSE = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=2048)
 _GQA = dict(_DENSE, num_key_value_heads=2, head_dim=32, intermediate_size=256)
+_GQA_NO_HEAD_DIM = {k: v for k, v in _GQA.items() if k != "head_dim"}  # configs without one
 _ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 
 
@@ -69,11 +70,11 @@ def _llama4(**ids):
 def _ernie45_moe(**ids):
     from transformers import Ernie4_5_MoeConfig
 
-    dense = {k: v for k, v in _GQA.items() if k != "head_dim"}
-    return Ernie4_5_MoeConfig(**dict(dense, num_hidden_layers=3), moe_intermediate_size=64,
-                              moe_k=2, moe_num_experts=8, moe_num_shared_experts=1,
-                              moe_layer_start_index=1, moe_layer_interval=1,
-                              tie_word_embeddings=False, rope_parameters=_ROPE, **ids)
+    return Ernie4_5_MoeConfig(**dict(_GQA_NO_HEAD_DIM, num_hidden_layers=3),
+                              moe_intermediate_size=64, moe_k=2, moe_num_experts=8,
+                              moe_num_shared_experts=1, moe_layer_start_index=1,
+                              moe_layer_interval=1, tie_word_embeddings=False,
+                              rope_parameters=_ROPE, **ids)
 
 
 _MOE = dict(num_experts_per_tok=2, moe_intermediate_size=64)
@@ -107,28 +108,27 @@ ARCHS = {
     "llama4": (_llama4, ("feed_forward.router.weight",), 4.0),
     "ernie45_moe": (_ernie45_moe, ("mlp.gate.weight", "moe_statics.e_score_correction_bias"),
                     4.0),
-    # architectures that served before these: kept green in every graph mode
+    # architectures that served before these: kept green in the piecewise modes
     "qwen3": (_hf("Qwen3Config", **_GQA, rope_parameters=_ROPE), (), 4.0),
     "gemma3": (_gemma3, (), 2.0),
-    "phi3": (_hf("Phi3Config", **{k: v for k, v in _GQA.items() if k != "head_dim"},
+    "phi3": (_hf("Phi3Config", **_GQA_NO_HEAD_DIM,
                  rope_parameters=_ROPE, pad_token_id=None), (), 4.0),
-    "starcoder2": (_hf("Starcoder2Config", **{k: v for k, v in _GQA.items() if k != "head_dim"},
+    "starcoder2": (_hf("Starcoder2Config", **_GQA_NO_HEAD_DIM,
                        use_bias=True, rope_parameters=_ROPE), (), 4.0),
     "mixtral": (_hf("MixtralConfig", **_GQA, num_local_experts=4, num_experts_per_tok=2,
                     rope_parameters=_ROPE), ("gate.weight",), 4.0),
-    "olmoe": (_hf("OlmoeConfig", **{k: v for k, v in _GQA.items() if k != "head_dim"},
+    "olmoe": (_hf("OlmoeConfig", **_GQA_NO_HEAD_DIM,
                   num_experts=8, num_experts_per_tok=2, rope_parameters=_ROPE),
               ("gate.weight",), 4.0),
-    "qwen2_moe": (_hf("Qwen2MoeConfig", **{k: v for k, v in _GQA.items() if k != "head_dim"},
+    "qwen2_moe": (_hf("Qwen2MoeConfig", **_GQA_NO_HEAD_DIM,
                       num_experts=8, shared_expert_intermediate_size=128,
                       rope_parameters=_ROPE, **_MOE), ("gate.weight",), 4.0),
-    "glm4_moe": (_hf("Glm4MoeConfig", **{k: v for k, v in _GQA.items() if k != "head_dim"},
+    "glm4_moe": (_hf("Glm4MoeConfig", **_GQA,  # vLLM reads head_dim, HF's class has none
                      n_routed_experts=8, n_shared_experts=1, n_group=2, topk_group=1,
                      first_k_dense_replace=1, routed_scaling_factor=2.5, use_qk_norm=True,
-                     head_dim=32,
                      rope_parameters=dict(_ROPE, partial_rotary_factor=0.5), **_MOE),
                  ("gate.weight",), 4.0),
-    "deepseek_v2": (_hf("DeepseekV2Config", **{k: v for k, v in _DENSE.items()},
+    "deepseek_v2": (_hf("DeepseekV2Config", **_DENSE,
                         num_key_value_heads=4, intermediate_size=256, kv_lora_rank=32,
                         q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=32,
                         v_head_dim=32, n_routed_experts=8, n_shared_experts=1, n_group=2,
