@@ -7,9 +7,9 @@
 
 A model's custom routing function replaces the op (select_experts). torch_npu's op
 renormalises sigmoid weights always and softmax weights never (`renorm` must be 0), so
-softmax + renormalize divides afterwards and sigmoid without renormalize is refused. `routed_scaling_factor` is the layer's: vLLM's DeepSeek model
-passes it to the runner instead (`apply_routed_scale_to_output`), leaving 1.0 here, so it
-is applied exactly once.
+softmax + renormalize divides afterwards and sigmoid without renormalize is refused.
+`routed_scaling_factor` is the layer's: vLLM's DeepSeek model passes it to the runner
+instead (`apply_routed_scale_to_output`), leaving 1.0 here, so it is applied exactly once.
 """
 from __future__ import annotations
 

@@ -91,9 +91,11 @@ class NPUMoEMethodMixin:
         return (layer.w13_weight, layer.w2_weight, *biases)
 
     def experts(self, layer) -> Experts:
-        biases = (layer.w13_bias, layer.w2_bias) if self.moe.has_bias else (None, None)
-        return FloatExperts(layer.w13_weight, layer.w2_weight, w13_bias=biases[0],
-                            w2_bias=biases[1], clipped=self.moe.activation.value == "swigluoai")
+        bias = self.moe.has_bias
+        return FloatExperts(layer.w13_weight, layer.w2_weight,
+                            w13_bias=layer.w13_bias if bias else None,
+                            w2_bias=layer.w2_bias if bias else None,
+                            clipped=self.moe.activation.value == "swigluoai")
 
     def set_placement(self, placement: expert_map.ExpertPlacement) -> None:
         """Route by a new placement (the EPLB runtime moved the weights first). The
