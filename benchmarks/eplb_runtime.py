@@ -13,8 +13,9 @@ rebalance buys under a skewed router.
    time = slowest rank, median of 3.
 3. Balancedness (vLLM's mean/max EP-rank load, summed over layers) of the starting
    placement (linear + replicas) and of each policy's plan, both measured on the window
-   *after* the one the plan was made from (plan ms: the policy alone, compiled). Workloads: vllm_npu.eplb.workload presets at
-   seeds 100+ (the policies' defaults were chosen on seeds 0-9).
+   *after* the one the plan was made from (plan ms: the policy alone, compiled).
+   Workloads: benchmarks.eplb.workload presets at seeds 100+ (the policies' defaults were
+   chosen on seeds 0-9).
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def recording_table(args) -> list[str]:
     from types import SimpleNamespace
 
-    from vllm_npu.eplb.recorder import LoadRecorder, count_pairs
+    from vllm_npu.eplb.runtime.recorder import LoadRecorder
+    from vllm_npu.moe.expert_map import count_pairs
     from vllm_npu.moe.expert_map import ExpertPlacement
     from vllm_npu.ops.sim.graph import SimGraph
 
@@ -109,7 +111,7 @@ def _migrate_worker(rank: int, world: int, port: int, args, out) -> None:
     import torch.distributed as dist
 
     from vllm_npu.distributed.communicator import NPUCommunicator
-    from vllm_npu.eplb.transfer import D2DExpertWeightLoader, EPGroup, plan_transfers
+    from vllm_npu.eplb.runtime.transfer import D2DExpertWeightLoader, EPGroup, plan_transfers
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
@@ -172,8 +174,8 @@ def migration_table(args) -> list[str]:
 # ---- balancedness ------------------------------------------------------------------------
 def balance_table(args) -> list[str]:
     from vllm_npu.eplb.policy import get_policy
-    from vllm_npu.eplb.updator import balancedness
-    from vllm_npu.eplb.workload import WorkloadConfig, generate
+    from vllm_npu.eplb.runtime.updator import balancedness
+    from benchmarks.eplb.workload import WorkloadConfig, generate
     from vllm_npu.moe.expert_map import ExpertPlacement
 
     slots = (args.experts + args.redundant) // args.world

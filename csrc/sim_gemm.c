@@ -5,7 +5,7 @@
  * of x by 4 rows of w is 16 accumulating vectors over K, summed across by one transposing
  * horizontal sum (sim_vec.h's hsum16), so every loaded vector feeds 2 multiply-adds.
  *
- * w K-major (the layout the device keeps its linear weights in, ops/layers/linear.py: w^T
+ * w K-major (the layout the device keeps its linear weights in, layers/linear.py: w^T
  * stored as K rows of N), N a multiple of 16: multiply-add form, 16 or 32 output columns of
  * MR rows of x in registers, each weight vector loaded once for the MR rows (x broadcast),
  * nothing summed across lanes: 16-27% faster than the dot form on 128-row decode batches

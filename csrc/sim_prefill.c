@@ -10,7 +10,7 @@
  * the row sees in part), each row's maximum and probabilities once per span (exp16 on
  * whole vectors), then p . V (each V vector loaded once for the RB rows). Across spans the
  * softmax is online (running maximum and sum, the accumulators rescaled once per span).
- * Against the softmax per 32-key chunk of session 19: 16 x 512 causal 12.4 -> 9.5 ms,
+ * Against the softmax per 32-key chunk before 6969494: 16 x 512 causal 12.4 -> 9.5 ms,
  * 8 x 1024 24.4 -> 18.2 ms, 64 x 128 4.75 -> 4.3 ms (two threads, Zen 4); 32-row tiles
  * and a block's last chunk cut to the vector its keys end in: another 6-8%.
  * Row r sees the keys [first[r], lens[r]); the caller puts the causal / band limits

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 # Offline LLM tests run the engine in-process: much faster to start, same code paths.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -45,3 +46,15 @@ def single_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# Small-shape unit tests of ops, layers and attention backends run single-threaded.
+SINGLE_THREAD_DIRS = {"ops", "layers", "attention"}
+
+
+@pytest.fixture(autouse=True)
+def _small_shapes_single_threaded(request):
+    top = Path(request.node.path).relative_to(Path(__file__).parent).parts[0]
+    if top in SINGLE_THREAD_DIRS:
+        request.getfixturevalue("single_torch_thread")
+    yield

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.reference import hf_greedy, random_prompt
+from tests.helpers.reference import hf_greedy, random_prompt
 from vllm_npu import versions
 
 ROOT = Path(__file__).resolve().parents[1]

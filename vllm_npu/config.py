@@ -30,7 +30,7 @@ class MoEOptions(BaseModel):
 
 
 class EplbOptions(BaseModel):
-    """The NPU EPLB runtime (`"eplb": {...}`; vllm_npu/eplb/updator.py)."""
+    """The NPU EPLB runtime (`"eplb": {...}`; vllm_npu/eplb/runtime/updator.py)."""
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # Placement policy, one of vllm_npu.eplb.available_policies().

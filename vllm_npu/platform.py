@@ -90,7 +90,7 @@ class NPUPlatform(Platform):
     @classmethod
     def get_current_memory_usage(cls, device: torch.types.Device | None = None) -> float:
         if SIMULATED:
-            from vllm_npu.worker.sim_memory import live_device_bytes
+            from vllm_npu.ops.sim.memory import live_device_bytes
 
             return float(live_device_bytes())
         torch.npu.reset_peak_memory_stats(device)
@@ -186,7 +186,7 @@ class NPUPlatform(Platform):
         parallel = vllm_config.parallel_config
         cls._detect_modelslim(vllm_config)
         if parallel.enable_eplb:
-            from vllm_npu.eplb.startup import take_over_eplb
+            from vllm_npu.eplb.runtime.startup import take_over_eplb
 
             npu_config = take_over_eplb(vllm_config)
         set_npu_config(npu_config)

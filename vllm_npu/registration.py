@@ -20,12 +20,12 @@ def register_all() -> None:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     # Importing the modules runs their @register_oot decorators.
-    import vllm_npu.ops.layers.activation  # noqa: F401
-    import vllm_npu.ops.layers.fused_moe  # noqa: F401
-    import vllm_npu.ops.layers.layernorm  # noqa: F401
-    import vllm_npu.ops.layers.rotary_embedding  # noqa: F401
-    if select_backend().simulated:  # the simulated device's matmul (ops/layers/linear.py)
-        import vllm_npu.ops.layers.linear  # noqa: F401
+    import vllm_npu.layers.activation  # noqa: F401
+    import vllm_npu.layers.fused_moe  # noqa: F401
+    import vllm_npu.layers.layernorm  # noqa: F401
+    import vllm_npu.layers.rotary_embedding  # noqa: F401
+    if select_backend().simulated:  # the simulated device's matmul (layers/linear.py)
+        import vllm_npu.layers.linear  # noqa: F401
     import vllm_npu.quantization.compressed_int8  # noqa: F401  (compressed-tensors int8)
     import vllm_npu.quantization.modelslim  # noqa: F401  (registers --quantization ascend)
     from vllm_npu.patch import apply_all

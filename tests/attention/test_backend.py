@@ -13,7 +13,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn.functional as F
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.forward_context import set_forward_context
 from vllm.v1.attention.backend import AttentionType, CommonAttentionMetadata, MultipleOf
@@ -27,16 +26,9 @@ from vllm_npu.attention.backend import (
     NPUAttentionMetadataBuilder,
 )
 from vllm_npu.config import NPUConfig
+from tests.helpers.attention import BS, FLOAT_DTYPES, HEADS, TOL, alloc_kv_cache, ref_attention
 
-BS = 128
 LAYER = "model.layers.0.self_attn.attn"
-FLOAT_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-TOL = {
-    torch.float32: dict(atol=1e-5, rtol=1e-5),
-    torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
-    torch.float16: dict(atol=3e-3, rtol=3e-3),
-}
-HEADS = {"mha": (4, 4), "gqa": (8, 2), "mqa": (4, 1)}
 
 
 @pytest.fixture(scope="module")
@@ -56,41 +48,7 @@ def default_npu_config(monkeypatch):
     monkeypatch.setattr(npu_config_mod, "_current", NPUConfig())
 
 
-# --------------------------------------------------------------------------- reference
-
-
-def ref_attention(q, k, v, scale, window=None):
-    """q [ql, N, D], k/v [kl, Hkv, D] (the request's whole history, new tokens last).
-
-    Query row i is token position kl - ql + i; it attends positions j <= that, and with a
-    sliding window W only the last W of them (j > pos - W).
-    """
-    ql, n, _ = q.shape
-    kl, hkv = k.shape[:2]
-    pos = torch.arange(kl - ql, kl)[:, None]            # token position of each query row
-    j = torch.arange(kl)[None, :]
-    allowed = j <= pos
-    if window is not None:
-        allowed &= j > pos - window
-    kk = k.float().repeat_interleave(n // hkv, dim=1).transpose(0, 1)   # [N, kl, D]
-    vv = v.float().repeat_interleave(n // hkv, dim=1).transpose(0, 1)
-    out = F.scaled_dot_product_attention(q.float().transpose(0, 1), kk, vv,
-                                         attn_mask=allowed, scale=scale)
-    return out.transpose(0, 1)
-
-
 # ------------------------------------------------------------------------------ harness
-
-
-def alloc_kv_cache(num_blocks, hkv, d, dtype):
-    """Per-layer cache with logical shape [num_blocks, 2, BS, Hkv*D] laid out as LHBNC."""
-    logical = (num_blocks, 2, BS, hkv * d)
-    order = KVCacheLayout.LHBNC.layer_view_order       # physical order of logical axes
-    physical = torch.zeros([logical[i] for i in order], dtype=dtype)
-    inverse = [order.index(i) for i in range(4)]
-    cache = physical.permute(*inverse)
-    assert cache.shape == logical
-    return cache
 
 
 @dataclass

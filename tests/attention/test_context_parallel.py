@@ -19,7 +19,7 @@ from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 import vllm_npu.config as npu_config_mod
-from tests.attention.test_backend import BS, alloc_kv_cache, ref_attention
+from tests.helpers.attention import BS, alloc_kv_cache, ref_attention
 from vllm_npu import ops
 from vllm_npu.attention.backend import NPUAttentionImpl, NPUAttentionMetadataBuilder
 from vllm_npu.attention.context_parallel import (

@@ -15,7 +15,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn.functional as F
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.forward_context import set_forward_context
 from vllm.v1.attention.backend import AttentionType, CommonAttentionMetadata
@@ -29,10 +28,11 @@ from vllm_npu.attention.mla import (
     NPUMLABackend,
     NPUMLAImpl,
     NPUMLAMetadataBuilder,
-    latent_planes,
 )
 from vllm_npu.attention.mla_prefill import NPUMLAPrefillBackend, cumulative
+from vllm_npu.kv_layout import latent_planes
 from vllm_npu.platform import NPUPlatform
+from tests.helpers.attention import ref_attention
 
 BS = 128
 LAYER = "model.layers.0.self_attn.mla_attn"
@@ -56,16 +56,6 @@ class Dims:
 # DeepSeek-V3's real attention dims (prefill takes the fused op's native 192/128 shape
 # with 8 heads) and small ones (prefill pads heads to a common width).
 DIMS = {"dsv3": Dims(8, 512, 64, 128, 128), "small": Dims(4, 32, 16, 32, 32)}
-
-
-def ref_attention(q, k, v, scale):
-    """q [ql, N, D], k [kl, N, D], v [kl, N, V]; query row i is position kl - ql + i."""
-    ql, kl = q.shape[0], k.shape[0]
-    allowed = torch.arange(kl)[None, :] <= torch.arange(kl - ql, kl)[:, None]
-    out = F.scaled_dot_product_attention(q.float().transpose(0, 1), k.float().transpose(0, 1),
-                                         v.float().transpose(0, 1), attn_mask=allowed,
-                                         scale=scale)
-    return out.transpose(0, 1)
 
 
 def make_config(dims: Dims, dtype) -> VllmConfig:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import torch
 
-from vllm_npu.attention.mla import latent_planes
+from vllm_npu.kv_layout import latent_planes
 from vllm_npu.distributed.kv_transfer import config as kv_config
 from vllm_npu.distributed.kv_transfer.liveness import PeerLost, probe, watch_peer
 from vllm_npu.distributed.kv_transfer.mooncake import (

@@ -402,7 +402,7 @@ def t_eplb_transfer(ctx, seed: int, fault: str = "", timeout_s: float = 30.0) ->
     import torch.distributed as dist
 
     from vllm_npu.distributed.communicator import NPUCommunicator
-    from vllm_npu.eplb.transfer import D2DExpertWeightLoader, EPGroup, plan_transfers
+    from vllm_npu.eplb.runtime.transfer import D2DExpertWeightLoader, EPGroup, plan_transfers
 
     rank, world = ctx["rank"], ctx["world"]
     os.environ["NPU_EPLB_FAIL_TRANSFER"] = fault

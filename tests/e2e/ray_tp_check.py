@@ -17,8 +17,8 @@ def _visible_devices(worker) -> str:
 def main(model: str) -> None:
     import ray
 
-    from tests.e2e.engine import generate, make_llm, shutdown, vocab
-    from tests.e2e.reference import hf_greedy, random_prompt
+    from tests.helpers.engine import generate, make_llm, shutdown, vocab
+    from tests.helpers.reference import hf_greedy, random_prompt
 
     ray.init(address="local", num_cpus=2, resources={"NPU": 2}, include_dashboard=False,
              _node_ip_address="127.0.0.1")

@@ -12,8 +12,8 @@ import os
 import pytest
 
 from tests.e2e.architectures import ARCHS, models_table
-from tests.e2e.engine import generate, shutdown, vocab
-from tests.e2e.reference import hf_greedy, random_prompt
+from tests.helpers.engine import generate, shutdown, vocab
+from tests.helpers.reference import hf_greedy, random_prompt
 
 pytestmark = pytest.mark.usefixtures("spawn_workers")
 MAX_TOKENS = 12

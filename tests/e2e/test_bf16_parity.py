@@ -25,8 +25,8 @@ import functools
 import pytest
 import torch
 
-from tests.e2e.engine import make_llm, shutdown, vocab
-from tests.e2e.reference import random_prompt
+from tests.helpers.engine import make_llm, shutdown, vocab
+from tests.helpers.reference import random_prompt
 
 SEEDS = range(11, 17)  # report seeds (thresholds were tuned on 1-6)
 MAX_TOKENS = 24

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.engine import generate, make_llm, metric, shutdown, vocab
-from tests.e2e.reference import hf_greedy, random_prompt
+from tests.helpers.engine import generate, make_llm, metric, shutdown, vocab
+from tests.helpers.reference import hf_greedy, random_prompt
 
 # Workers spawn: the in-process MoE engines of earlier modules (test_bf16_parity) leave a
 # gloo group that a forked worker would finalise and hang on (see tests/e2e/conftest.py).

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.e2e.engine import generate, make_llm, shutdown, vocab
-from tests.e2e.reference import random_prompt
+from tests.helpers.engine import generate, make_llm, shutdown, vocab
+from tests.helpers.reference import random_prompt
 
 
 def _hf_expert_counts(path: str, tokens: list[int], top_k: int) -> np.ndarray:
@@ -33,7 +33,7 @@ def qwen_moe(tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "full-decode-graphs"])
 def test_load_counters_match_hf_router(qwen_moe, parity_dtype, graphs):
-    from vllm_npu.eplb.adaptor import VllmEplbAdaptor
+    from vllm_npu.eplb.runtime.adaptor import VllmEplbAdaptor
 
     prompt = random_prompt(77, 40, vocab(qwen_moe))
     llm = make_llm(qwen_moe, parity_dtype, enforce_eager=not graphs, enable_sleep_mode=False,

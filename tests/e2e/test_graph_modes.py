@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.engine import make_llm, shutdown, vocab
-from tests.e2e.reference import hf_greedy, random_prompt
+from tests.helpers.engine import make_llm, shutdown, vocab
+from tests.helpers.reference import hf_greedy, random_prompt
 from vllm_npu.compilation.acl_graph import ACLGraphWrapper
 from vllm_npu.compilation.graph_params import GRAPH_PARAMS
 

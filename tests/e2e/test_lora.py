@@ -11,8 +11,8 @@ import os
 import pytest
 import torch
 
-from tests.e2e.engine import make_llm, shutdown, vocab
-from tests.e2e.reference import greedy, random_prompt
+from tests.helpers.engine import make_llm, shutdown, vocab
+from tests.helpers.reference import greedy, random_prompt
 from vllm_npu.compilation.acl_graph import ACLGraphWrapper
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.engine import make_llm, shutdown
+from tests.helpers.engine import make_llm, shutdown
 
 GiB = 1 << 30
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.engine import generate, make_llm, metric, shutdown, vocab
-from tests.e2e.reference import hf_greedy, random_prompt, tokenize
+from tests.helpers.engine import generate, make_llm, metric, shutdown, vocab
+from tests.helpers.reference import hf_greedy, random_prompt, tokenize
 from vllm_npu import ops
 from vllm_npu.attention.mla import NPUMLABackend
 from vllm_npu.attention.mla_prefill import NPUMLAPrefillBackend

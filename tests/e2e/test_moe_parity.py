@@ -10,9 +10,9 @@ import shutil
 
 import pytest
 
-from tests.e2e.engine import generate, make_llm, shutdown, vocab
-from tests.e2e.reference import hf_greedy, random_prompt, tokenize
-from tests.e2e.server import complete, serve
+from tests.helpers.engine import generate, make_llm, shutdown, vocab
+from tests.helpers.reference import hf_greedy, random_prompt, tokenize
+from tests.helpers.server import complete, serve
 from vllm_npu.compilation.acl_graph import ACLGraphWrapper
 from vllm_npu.testing.tiny_model import DEEPSEEK_V3_MOE
 
@@ -45,7 +45,7 @@ def _expected(path: str, prompts, n: int = 12) -> list[list[int]]:
 
 
 def _worker_moe_state(worker) -> dict:
-    from vllm_npu.eplb.adaptor import moe_layers
+    from vllm_npu.eplb.runtime.adaptor import moe_layers
     from vllm_npu.moe import dispatch
 
     methods = [v.method for v in moe_layers(worker.model_runner.get_model())]

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.e2e.engine import generate as _generate
-from tests.e2e.engine import make_llm as _make_llm
-from tests.e2e.engine import metric as _metric
-from tests.e2e.engine import shutdown as _shutdown
-from tests.e2e.engine import vocab as _vocab
-from tests.e2e.reference import hf_greedy, random_prompt, tokenize
+from tests.helpers.engine import generate as _generate
+from tests.helpers.engine import make_llm as _make_llm
+from tests.helpers.engine import metric as _metric
+from tests.helpers.engine import shutdown as _shutdown
+from tests.helpers.engine import vocab as _vocab
+from tests.helpers.reference import hf_greedy, random_prompt, tokenize
 
 BLOCK = 128
 
@@ -109,11 +109,11 @@ def test_async_scheduling_is_on_and_a_missing_wait_shows(engine, monkeypatch):
 
 def test_linear_layers_compute_with_the_simulated_matmul(engine, monkeypatch):
     """Every unquantized linear layer of the model is the plugin's replacement
-    (ops/layers/linear.py) computing with the simulated device's matmul; with oneDNN
+    (layers/linear.py) computing with the simulated device's matmul; with oneDNN
     taken from the first row (normally from 1,024) prefills still match HF."""
     from vllm.model_executor.layers.linear import LinearBase
 
-    from vllm_npu.ops.layers import linear as layers
+    from vllm_npu.layers import linear as layers
     from vllm_npu.ops.sim import linear as sim_linear
 
     arch, path, llm = engine

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.engine import generate, make_llm, shutdown, vocab
-from tests.e2e.reference import hf_greedy, random_prompt
-from tests.e2e.server import complete, serve
+from tests.helpers.engine import generate, make_llm, shutdown, vocab
+from tests.helpers.reference import hf_greedy, random_prompt
+from tests.helpers.server import complete, serve
 
 
 def _hccl_library_of_model_parallel_groups(worker) -> str:

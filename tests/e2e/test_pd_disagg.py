@@ -21,9 +21,9 @@ import uuid
 import pytest
 import requests
 
-from tests.e2e.engine import vocab
-from tests.e2e.reference import hf_greedy, random_prompt
-from tests.e2e.server import FORK
+from tests.helpers.engine import vocab
+from tests.helpers.reference import hf_greedy, random_prompt
+from tests.helpers.server import FORK
 from vllm_npu.disagg.launch import PDCluster
 
 TOKENS = 12

@@ -11,9 +11,9 @@ import pytest
 import requests
 import torch
 
-from tests.e2e.engine import make_llm, shutdown, vocab
-from tests.e2e.reference import random_prompt
-from tests.e2e.server import serve
+from tests.helpers.engine import make_llm, shutdown, vocab
+from tests.helpers.reference import random_prompt
+from tests.helpers.server import serve
 
 TOL = 1e-5
 QUERY, DOCS = "hello world", ["the npu runs", "abc def ghi"]

@@ -6,7 +6,7 @@ attention, as ModelSlim writes its W8A8 MoE checkpoints).
 Checkpoints come from `tools/quantize_w8a8.py` (vllm_npu.testing.quantize_w8a8) applied to
 the tiny local models; the reference is the same model in plain PyTorch with every
 quantised Linear replaced by quantise -> integer matmul -> dequantise
-(tests/e2e/reference_quant.py, no plugin code). Greedy tokens must be equal, eagerly and
+(tests/helpers/reference_quant.py, no plugin code). Greedy tokens must be equal, eagerly and
 under the default FULL_DECODE_ONLY graphs; the quantisation must really change the model
 (some token differs from the float model's).
 """
@@ -19,9 +19,9 @@ import shutil
 import pytest
 import torch
 
-from tests.e2e.engine import generate, make_llm, shutdown, vocab
-from tests.e2e.reference import hf_greedy, random_prompt
-from tests.e2e.reference_quant import fake_quant_greedy, teacher_forced_mismatches
+from tests.helpers.engine import generate, make_llm, shutdown, vocab
+from tests.helpers.reference import hf_greedy, random_prompt
+from tests.helpers.reference_quant import fake_quant_greedy, teacher_forced_mismatches
 from vllm_npu.testing.tiny_model import DEEPSEEK_V3_MOE
 
 MS, CT = "modelslim", "compressed-tensors"

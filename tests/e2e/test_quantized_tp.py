@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.engine import generate, make_llm, shutdown, vocab
-from tests.e2e.reference import random_prompt
-from tests.e2e.reference_quant import fake_quant_greedy, teacher_forced_mismatches
+from tests.helpers.engine import generate, make_llm, shutdown, vocab
+from tests.helpers.reference import random_prompt
+from tests.helpers.reference_quant import fake_quant_greedy, teacher_forced_mismatches
 
 pytestmark = pytest.mark.usefixtures("spawn_workers")
 
@@ -43,7 +43,7 @@ def _worker_int8_slots(worker) -> dict:
     import torch
     from safetensors import safe_open
 
-    from vllm_npu.eplb.adaptor import moe_layers
+    from vllm_npu.eplb.runtime.adaptor import moe_layers
     from vllm_npu.moe import dispatch
 
     tensors = {}

@@ -14,8 +14,8 @@ import re
 import pytest
 import torch
 
-from tests.e2e.engine import make_llm, shutdown, vocab
-from tests.e2e.reference import _model, random_prompt
+from tests.helpers.engine import make_llm, shutdown, vocab
+from tests.helpers.reference import _model, random_prompt
 
 TOP = 20
 

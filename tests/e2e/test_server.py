@@ -7,10 +7,10 @@ import json
 import pytest
 import requests
 
-from tests.e2e.engine import vocab as _vocab
-from tests.e2e.reference import hf_greedy, random_prompt
-from tests.e2e.server import complete, serve
-from tests.e2e.server import run_cli as _run_cli
+from tests.helpers.engine import vocab as _vocab
+from tests.helpers.reference import hf_greedy, random_prompt
+from tests.helpers.server import complete, serve
+from tests.helpers.server import run_cli as _run_cli
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """A sliding-window model (Mistral-style, window 48) on the NPU backend vs HF transformers."""
 from __future__ import annotations
 
-from tests.e2e.engine import generate, make_llm, shutdown, vocab
-from tests.e2e.reference import hf_greedy, random_prompt
+from tests.helpers.engine import generate, make_llm, shutdown, vocab
+from tests.helpers.reference import hf_greedy, random_prompt
 
 WINDOW = 48
 

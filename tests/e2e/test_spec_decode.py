@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.e2e.engine import generate, make_llm, metric, shutdown, vocab
-from tests.e2e.reference import hf_greedy, random_prompt
+from tests.helpers.engine import generate, make_llm, metric, shutdown, vocab
+from tests.helpers.reference import hf_greedy, random_prompt
 from vllm_npu.compilation.acl_graph import ACLGraphWrapper
 
 CASES = {  # method -> (target, draft, draft tokens)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.engine import generate, make_llm, metric, shutdown
-from tests.e2e.reference import hf_greedy
+from tests.helpers.engine import generate, make_llm, metric, shutdown
+from tests.helpers.reference import hf_greedy
 from tests.e2e.test_spec_decode import _prompts, _spec_config
 
 pytestmark = pytest.mark.usefixtures("spawn_workers")

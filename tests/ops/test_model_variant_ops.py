@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.ops.test_attention_ops import BS, MASK, SCENARIOS, make_paged, make_queries
+from tests.helpers.attention import BS, MASK, SCENARIOS, make_paged, make_queries
 from vllm_npu.attention.softcap import softcap_attention
 from vllm_npu.moe.experts import FloatExperts, run_local_experts
 from vllm_npu.ops.sim import npu_clipped_swiglu, npu_fused_infer_attention_score_v2_out

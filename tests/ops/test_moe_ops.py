@@ -236,9 +236,9 @@ def test_local_experts_match_dense_moe(routing):
 
 def test_int8_local_experts_match_the_fake_quant_loop():
     """W8A8_DYNAMIC experts (int8 weights, per-channel scales, per-token activations)
-    equal tests/e2e/reference_quant's per-token, per-expert loop; split over two 'ranks'
+    equal tests/helpers/reference_quant.py's per-token, per-expert loop; split over two 'ranks'
     the partial outputs sum to it."""
-    from tests.e2e.reference_quant import FakeQuantExperts
+    from tests.helpers.reference_quant import FakeQuantExperts
     from vllm_npu.moe.experts import Int8Experts
 
     experts, k, tokens, hidden, inter = 6, 2, 17, 16, 8

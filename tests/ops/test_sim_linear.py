@@ -64,7 +64,7 @@ def test_replayed_linear_on_the_device_cores_matches_linear(rows, out_dim, in_di
     if native.library() is None:
         pytest.skip("no native kernels library (install without a C compiler)")
     x, w = _randn(rows, in_dim, seed=8), _randn(out_dim, in_dim, seed=9)
-    if kmajor:  # the device's layout of a linear weight (ops/layers/linear.py)
+    if kmajor:  # the device's layout of a linear weight (layers/linear.py)
         w = w.t().contiguous().t()
     b = _randn(out_dim, seed=10) if with_bias else None
     covered = not kmajor or out_dim % 16 == 0
@@ -139,7 +139,7 @@ def test_the_device_weight_layout_is_k_major_where_the_matmul_takes_it():
     """`device_weight_layout` (run after vLLM's weight processing) keeps a float32 weight
     whose N is whole vectors of 16 K-major, the same [N, K] tensor and values; others as
     they are. A replay's linear on the re-laid weight equals F.linear on the original."""
-    from vllm_npu.ops.layers.linear import device_weight_layout
+    from vllm_npu.layers.linear import device_weight_layout
     from vllm_npu.ops.sim import native
 
     for shape, dtype, relaid in (((48, 32), torch.float32, True), ((40, 32), torch.float32,

@@ -112,8 +112,8 @@ def test_the_platform_and_its_default_config_leave_the_eplb_solvers_unimported()
 
     code = ("import sys; import vllm_npu.platform; from vllm_npu.config import NPUConfig; "
             "NPUConfig.from_additional_config({'eplb': {'policy': 'lookahead'}}); "
-            "print(sorted(m for m in ('numba', 'vllm_npu.eplb.exact', 'vllm_npu.eplb.packing')"
-            " if m in sys.modules))")
+            "print(sorted(m for m in ('numba', 'vllm_npu.eplb.policy.exact', "
+            "'vllm_npu.eplb.policy.packing') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

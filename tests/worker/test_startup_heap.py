@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from tests.e2e.engine import make_llm, shutdown
+from tests.helpers.engine import make_llm, shutdown
 
 
 def _tracked(obj) -> bool:

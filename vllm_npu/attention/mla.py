@@ -6,7 +6,7 @@ and decode tokens through `impl.forward_mqa` with the weights already absorbed (
 into the query before, W_UV after). This module only supplies the device leaves.
 
 Latent KV cache of one layer: vLLM sizes it as one "head" of L + R per token, and this
-backend lays that memory out as two planes (`latent_planes`):
+backend lays that memory out as two planes (`kv_layout.latent_planes`):
 
     kv_cache memory  | nope [num_blocks, block_size, 1, L] | rope [num_blocks, block_size, 1, R] |
                      L = kv_lora_rank, R = qk_rope_head_dim;  slot s -> (s // bs, s % bs) in both
@@ -76,6 +76,7 @@ from vllm_npu.attention.prefill_context_parallel import (
 )
 from vllm_npu.compilation.graph_backend import get_graph_backend
 from vllm_npu.compilation.graph_params import GRAPH_PARAMS
+from vllm_npu.kv_layout import latent_planes
 
 MLA_BLOCK_SIZE = 128  # ATB's MLA attention: block_size <= 128
 MAX_LATENT_HEAD = 576  # kv_lora_rank + qk_rope_head_dim, ATB limit
@@ -181,24 +182,6 @@ class MLATasks:
     query_len: int = 1          # > 1: the fused op's multi-token form (mla_spec_decode) ...
     workspace: torch.Tensor | None = None  # ... with its workspace and lse buffer
     lse: torch.Tensor | None = None
-
-
-def latent_planes(kv_cache: torch.Tensor, kv_lora_rank: int):
-    """One MLA layer's cache memory, as vLLM sizes it ([num_blocks, bs, L+R]), laid out
-    as two contiguous planes: nope [num_blocks, bs, 1, L], then rope [num_blocks, bs,
-    1, R]. The ATB MLA ops take the two parts as separate dense tensors (a strided view
-    of one [.., L+R] row would be copied whole on every call); vllm-ascend allocates
-    them separately. A block's rows sit at the same block index in both planes, so
-    vLLM's block ids, prefix caching and memory accounting are unchanged; per-block
-    byte copies (KV transfer) must copy both planes' ranges."""
-    nb, bs, width = kv_cache.shape
-    if not kv_cache.is_contiguous():
-        raise ValueError(f"NPU MLA: the latent cache must be contiguous to hold its two "
-                         f"planes, got stride {kv_cache.stride()}")
-    flat = kv_cache.view(-1)
-    split = nb * bs * kv_lora_rank
-    return (flat[:split].view(nb, bs, 1, kv_lora_rank),
-            flat[split:].view(nb, bs, 1, width - kv_lora_rank))
 
 
 class NPUMLAMetadataBuilder(MLACommonMetadataBuilder[NPUMLAMetadata]):

@@ -7,7 +7,7 @@ and scipy only; no torch.
 >>> from vllm_npu.eplb.policy import get_policy
 >>> phy2log = get_policy("flashlb").rebalance(load, num_ranks=D, slots_per_rank=S)
 
-Names are re-exported lazily so ``python -m vllm_npu.eplb.bench`` can set
+Names are re-exported lazily so ``python -m benchmarks.eplb.bench`` can set
 thread limits before numpy loads.
 """
 

@@ -121,6 +121,14 @@ def to_physical(topk_ids: torch.Tensor, log2phy: torch.Tensor,
     return log2phy[ids, replica].to(torch.int32)
 
 
+def count_pairs(load: torch.Tensor, slots: torch.Tensor) -> None:
+    """Add a batch's (token, slot) pairs to a per-slot counter: device ops only, so it is
+    captured into graphs with the MoE layer. The counter is the layer's own until EPLB's
+    runtime hands it a row of its load window (eplb/runtime/recorder.py)."""
+    flat = slots.reshape(-1).long()
+    load.index_add_(0, flat, torch.ones_like(flat))
+
+
 def _read(path: str) -> dict:
     try:
         with open(path) as f:

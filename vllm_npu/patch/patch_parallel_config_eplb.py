@@ -9,7 +9,7 @@ What: replaces the pydantic "after" validator `ParallelConfig._validate_parallel
 Why: vLLM 0.33 refuses EPLB when `not current_platform.is_cuda_alike() and not
     current_platform.is_xpu()`, inside the validator that runs when EngineArgs builds the
     ParallelConfig, before any platform hook. The NPU platform runs EPLB itself
-    (`vllm_npu.eplb.updator`; `NPUPlatform.check_and_update_config` takes the flags over),
+    (`vllm_npu.eplb.runtime.updator`; `NPUPlatform.check_and_update_config` takes the flags over),
     and no hook lets a platform declare EPLB support. `is_cuda_alike()` cannot be made
     true: vLLM picks CUDA kernels with it elsewhere.
 Applies: whenever the NPU platform is active (device and simulated).

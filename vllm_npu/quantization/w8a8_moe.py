@@ -17,7 +17,7 @@ from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEM
 from vllm.model_executor.utils import set_weight_attrs
 
 from vllm_npu.moe.experts import Experts, Int8Experts
-from vllm_npu.ops.layers.fused_moe import NPUMoEMethodMixin
+from vllm_npu.layers.fused_moe import NPUMoEMethodMixin
 
 SCHEME = "W8A8_DYNAMIC"
 

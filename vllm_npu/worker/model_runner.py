@@ -38,7 +38,7 @@ from vllm_npu.compilation.acl_graph import ACLGraphWrapper
 from vllm_npu.compilation.graph_params import GRAPH_PARAMS, update_attention_tasks
 from vllm_npu.config import get_npu_config
 from vllm_npu.device import select_backend
-from vllm_npu.eplb.adaptor import moe_layers
+from vllm_npu.eplb.runtime.adaptor import moe_layers
 from vllm_npu.moe import expert_map
 from vllm_npu.ops.sim import cores
 from vllm_npu.worker.async_input_ids import VectorisedAsyncInputIds
@@ -66,9 +66,9 @@ class NPUModelRunner(CPUGeneratorRewind, VectorisedAsyncInputIds, GPUModelRunner
             if written := expert_map.export_placements(placements, export_path):
                 logger.info("vllm_npu: wrote the expert placement to %s", written)
         if config.eplb.enabled:
-            from vllm_npu.eplb.adaptor import VllmEplbAdaptor
-            from vllm_npu.eplb.transfer import EPGroup
-            from vllm_npu.eplb.updator import EplbUpdator
+            from vllm_npu.eplb.runtime.adaptor import VllmEplbAdaptor
+            from vllm_npu.eplb.runtime.transfer import EPGroup
+            from vllm_npu.eplb.runtime.updator import EplbUpdator
 
             # Before graphs are captured: the layers' load counters move into its recorder.
             self.npu_eplb = EplbUpdator(VllmEplbAdaptor(self.get_model()), config.eplb,

@@ -21,7 +21,7 @@ from vllm.v1.worker.worker_base import CompilationTimes
 from vllm_npu.device import log_backend, select_backend
 from vllm_npu.ops.sim import cores
 from vllm_npu.worker.accelerator import on_npu_runtime
-from vllm_npu.worker.sim_memory import PeakMemoryTracker, keep_freed_heap, register_resident
+from vllm_npu.ops.sim.memory import PeakMemoryTracker, keep_freed_heap, register_resident
 from vllm_npu.worker.sleep import SleepState
 
 logger = logging.getLogger("vllm.npu")

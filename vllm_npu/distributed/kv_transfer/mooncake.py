@@ -41,6 +41,7 @@ from vllm.logger import init_logger
 
 from vllm_npu.distributed.kv_transfer.config import PROBE_KEYS
 from vllm_npu.distributed.kv_transfer.liveness import watch_peer
+from vllm_npu.kv_layout import latent_planes
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -90,12 +91,10 @@ class NPUMooncakeConnectorWorker(upstream.MooncakeConnectorWorker):
 
     def _split_latent_regions(self) -> None:
         """The NPU MLA backend lays a layer's latent memory out as two planes (nope, then
-        rope: attention/mla.py `latent_planes`), so a block's bytes are two runs, not the
+        rope: vllm_npu/kv_layout.py `latent_planes`), so a block's bytes are two runs, not the
         one `[block_size, L + R]` run vLLM's registration assumes. Each layer's region
         becomes two, under the same layer name (the connector matches repeated names by
         occurrence), in every peer alike."""
-        from vllm_npu.attention.mla import latent_planes
-
         hf = self.model_config.hf_text_config
         rank, width = hf.kv_lora_rank, hf.kv_lora_rank + hf.qk_rope_head_dim
         fields = ("kv_caches_base_addr", "block_len_per_layer", "kv_block_len_per_layer",

@@ -10,14 +10,14 @@ measurement). Decode-sized inputs keep `F.linear` (oneDNN's per-call cost loses 
 as does any other dtype or a torch built without oneDNN.
 
 In a graph replay (decode) a linear runs on the device's cores (torch's OpenMP team,
-`native.linear`): `csrc/sim_gemm.c` for the device's K-major weights (ops/layers/linear.py
+`native.linear`): `csrc/sim_gemm.c` for the device's K-major weights (layers/linear.py
 `device_weight_layout`; multiply-adds on rows of w^T, N in whole vectors of 16) and for
 [N, K] weights whose inner dim is whole vectors of 16 (the same on panels of w^T packed
 per call from 32 rows, tiles of 4 x 4 dot products below; AVX-512 on hosts that have it;
 the output columns split between the cores), else MKL's
 `sgemm_` on rows split between them. Within float32 rounding of `F.linear` (another
 summation order). 128-row products, 2 cores, warm: K-major 27-85 us, dot products 34-115
-us, F.linear 27-96 us (docs/performance.md, session 25).
+us, F.linear 27-96 us (docs/performance.md, 2026-12-05, 8226402).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Simulated ATB MLA decode, `npu_multi_head_latent_attention`: split nope/rope inputs,
 optionally an lse output (for decode context parallelism).
 
-One layer's latent cache as two planes (the MLA backend's `latent_planes`; the new rows
+One layer's latent cache as two planes (`vllm_npu.kv_layout.latent_planes`; the new rows
 are written with `_npu_reshape_and_cache`, K = nope, V = rope):
 
     ctkv   [num_blocks, block_size, 1, L]      L = kv_lora_rank

@@ -256,7 +256,7 @@ def _linear_slots(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """The linear task's slots (csrc/sim_program.c `npu_sim_task_linear`), or None where it
     does not cover the call: no library; not 2-D float32 with x, out (and bias) contiguous
     and the weight contiguous or K-major (`weight.t()` contiguous, the device's layout,
-    ops/layers/linear.py) with its N in whole vectors of 16."""
+    layers/linear.py) with its N in whole vectors of 16."""
     tensors = (x, out) if bias is None else (x, bias, out)
     if library() is None or not _f32_contiguous(*tensors) or x.dim() != 2 or weight.dim() != 2 \
             or weight.dtype != torch.float32 or out.shape != (x.shape[0], weight.shape[0]) \

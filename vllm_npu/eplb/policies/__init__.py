@@ -1,1 +1,0 @@
-"""One module per EPLB policy; see :mod:`vllm_npu.eplb.policy` for the registry."""
