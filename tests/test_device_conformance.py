@@ -16,12 +16,13 @@ def _run(*args):
                           text=True, timeout=300)
 
 
-def test_every_case_runs_on_the_simulated_side():
-    out = _run("--dry-run")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])  # what bf16 / fp16 models pass
+def test_every_case_runs_on_the_simulated_side(dtype):
+    out = _run("--dry-run", "--dtype", dtype)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ")][1:]
-    assert len(rows) == 22 and all("sim ok" in row for row in rows), out.stdout
-    assert "22/22 cases agree (simulated side only)" in out.stdout
+    assert len(rows) == 25 and all("sim ok" in row for row in rows), out.stdout
+    assert "25/25 cases agree (simulated side only)" in out.stdout
 
 
 def test_without_an_npu_it_refuses_to_compare():

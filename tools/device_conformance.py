@@ -182,6 +182,49 @@ def _mla_decode_lse(ops, dev, dtype, gen):
     return [out, lse]
 
 
+def _mla_prefill_dense(ops, dev, dtype, gen):
+    """MLA prefill (attention/mla_prefill.py): dense TND, Q/K 192, V 128, causal, lse; a
+    float16 model's call runs in bfloat16 (dense_tnd.py)."""
+    dtype = torch.bfloat16
+    q, k = (_randn(gen, 7, 8, 192, dtype=dtype, dev=dev) for _ in range(2))
+    v = _randn(gen, 7, 8, 128, dtype=dtype, dev=dev)
+    mask = torch.ones(MASK_SIDE, MASK_SIDE, dtype=torch.bool).triu_(1).to(dev)
+    out, lse = ops.npu_fused_infer_attention_score(
+        q, k, v, atten_mask=mask, actual_seq_lengths=[3, 7], actual_seq_lengths_kv=[3, 7],
+        num_heads=8, num_key_value_heads=8, scale=192 ** -0.5, input_layout="TND",
+        sparse_mode=3, softmax_lse_flag=True)
+    return [out, lse]
+
+
+def _mla_form_drafts(ops, dev, dtype, gen):
+    """MLA decode verifying drafts (attention/mla_spec_decode.py): the fused op's MLA form,
+    query D 512 + rope 64 over the two latent planes, 8 query heads (4 padded: zero
+    queries), 2 tokens per request, causal."""
+    nope, rope, _, _, table = _mla_planes(gen, dtype, dev)
+    q_nope = torch.cat([_randn(gen, 4, 4, 512, dtype=dtype, dev=dev),
+                        torch.zeros(4, 4, 512, dtype=dtype, device=dev)], dim=1)
+    q_rope = torch.cat([_randn(gen, 4, 4, 64, dtype=dtype, dev=dev),
+                        torch.zeros(4, 4, 64, dtype=dtype, device=dev)], dim=1)
+    mask = torch.ones(MASK_SIDE, MASK_SIDE, dtype=torch.bool).triu_(1).to(dev)
+    keys = nope.view(4, 128, -1)
+    out, lse = ops.npu_fused_infer_attention_score(
+        q_nope, keys, keys, query_rope=q_rope, key_rope=rope.view(4, 128, -1), num_heads=8,
+        num_key_value_heads=1, input_layout="TND", atten_mask=mask, sparse_mode=3,
+        scale=576 ** -0.5, block_table=table, block_size=128, actual_seq_lengths=[2, 4],
+        actual_seq_lengths_kv=[200, 9], softmax_lse_flag=True)
+    return [out[:, :4], lse[:, :4]]
+
+
+def _one_group(ops, dev, dtype, gen):
+    """One expert slot on the rank (E experts over EP E): the group as its cumulative end
+    (moe/experts.py; a count-type list of length 1 is refused by the doc)."""
+    x = _randn(gen, 5, 64, dtype=dtype, dev=dev)
+    w = _randn(gen, 1, 64, 32, dtype=dtype, dev=dev, scale=0.1)
+    y = ops.npu_grouped_matmul([x], [w], group_list=torch.tensor([4]).to(dev), split_item=2,
+                               group_type=0, group_list_type=0)[0]
+    return [y[:4]]
+
+
 def _attention_update(ops, dev, dtype, gen):
     lse = [(torch.randn(6, generator=gen) * 3).to(dev) for _ in range(3)]
     outs = [_randn(gen, 6, 64, dtype=dtype, dev=dev) for _ in range(3)]
@@ -219,15 +262,19 @@ def _int8(gen, *shape, dev):
 
 
 def _quant_static(ops, dev, dtype, gen):
-    """npu_quantize (per-channel scale, int32 offset) -> npu_quant_matmul(int32 bias)."""
+    """W8A8 static as quantization/w8a8.py runs it: npu_quantize's multiply form
+    (div_mode=False, reciprocal scale and offset in the model dtype) -> npu_quant_matmul
+    (int32 bias; deq_scale float32 for bf16, int64 float bits for fp16 output)."""
     x = _randn(gen, 6, 64, dtype=dtype, dev=dev, scale=3.0)
-    scales = (torch.rand(64, generator=gen) * 0.05 + 0.01).to(dev)
-    offsets = torch.randint(-4, 5, (64,), generator=gen, dtype=torch.int32).to(dev)
-    x_q = ops.npu_quantize(x, scales, offsets, torch.qint8, -1, True)
+    reciprocal = (1.0 / (torch.rand(64, generator=gen) * 0.05 + 0.01)).to(dtype).to(dev)
+    offsets = torch.randint(-4, 5, (64,), generator=gen).to(dtype).to(dev)
+    x_q = ops.npu_quantize(x, reciprocal, offsets, torch.qint8, -1, False)
     w = _int8(gen, 64, 32, dev=dev)
-    deq = (torch.rand(32, generator=gen) * 1e-3).to(dev)
+    deq = torch.rand(32, generator=gen) * 1e-3
+    if dtype == torch.float16:
+        deq = deq.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     bias = torch.randint(-500, 500, (32,), generator=gen, dtype=torch.int32).to(dev)
-    y = ops.npu_quant_matmul(x_q, w, deq, bias=bias, output_dtype=dtype)
+    y = ops.npu_quant_matmul(x_q, w, deq.to(dev), bias=bias, output_dtype=dtype)
     return [x_q.to(torch.int32), y]
 
 
@@ -245,7 +292,8 @@ def _quant_dynamic(ops, dev, dtype, gen):
 
 def _quant_grouped(ops, dev, dtype, gen):
     """init_routing_v2 -> npu_dynamic_quant -> per-token int8 grouped matmul (W8A8_DYNAMIC
-    MoE experts, float32 per-channel scales)."""
+    MoE experts; per-channel scales bfloat16 for bf16 output, float32 for fp16, as
+    quantization/w8a8_moe.py passes them)."""
     tokens, hidden, inter, experts, k = 6, 64, 32, 4, 2
     x = _randn(gen, tokens, hidden, dtype=dtype, dev=dev)
     ids = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)])
@@ -255,7 +303,8 @@ def _quant_grouped(ops, dev, dtype, gen):
         active_expert_range=[0, experts], row_idx_type=0)
     x_q, token_scale = ops.npu_dynamic_quant(expanded)
     w = _int8(gen, experts, hidden, inter, dev=dev)
-    scale = (torch.rand(experts, inter, generator=gen) * 0.01).to(dev)
+    scale_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+    scale = (torch.rand(experts, inter, generator=gen) * 0.01).to(scale_dtype).to(dev)
     y = ops.npu_grouped_matmul([x_q], [w], scale=[scale], per_token_scale=[token_scale],
                                group_list=counts, split_item=2, group_type=0,
                                group_list_type=1, output_dtype=dtype)[0]
@@ -283,13 +332,17 @@ def _lora(ops, dev, dtype, gen):
 
 
 def _graph_round_trip(ops, dev, dtype, gen, backend):
-    """Capture a paged-attention task at lengths A, update it to B, replay: equals eager B."""
+    """Capture a paged-attention task at lengths A, update it to B, replay: equals eager B.
+    The plugin's protocol (compilation/acl_graph.py): the replay waits on an ExternalEvent
+    captured into the graph (wait, reset), which the update records on its stream."""
     args = _paged_args(gen, dtype, dev, [300, 17])
     longest = torch.full((2,), 3 * 128, dtype=torch.int32)
     workspace = ops._npu_paged_attention_get_workspace(**{**args, "context_lens": longest})
-    graph = backend.new_graph()
+    graph, event = backend.new_graph(), backend.new_event()
     with backend.capture(graph, backend.graph_pool_handle()):
         stream = backend.current_stream()
+        event.wait(stream)
+        event.reset(stream)
         backend.task_group_begin(stream)
         ops._npu_paged_attention(**args, workspace=workspace)
         handle = backend.task_group_end(stream)
@@ -299,6 +352,7 @@ def _graph_round_trip(ops, dev, dtype, gen, backend):
         backend.task_update_begin(update_stream, handle)
         ops._npu_paged_attention(**{**args, "context_lens": new_lens}, workspace=workspace)
         backend.task_update_end(update_stream)
+        event.record(update_stream)
     graph.replay()
     replayed = args["out"].clone()
     eager = dict(args, context_lens=new_lens, out=torch.empty_like(args["out"]))
@@ -321,9 +375,13 @@ CASES = [
     Case("_npu_reshape_and_cache[mla planes]", _reshape_and_cache_mla, atol=0.0),
     Case("npu_multi_head_latent_attention", _mla_decode),
     Case("npu_multi_head_latent_attention[lse, empty shard]", _mla_decode_lse),
+    Case("npu_fused_infer_attention_score[dense TND 192/128, MLA prefill]",
+         _mla_prefill_dense),
+    Case("npu_fused_infer_attention_score[MLA form, padded heads, drafts]", _mla_form_drafts),
     Case("npu_attention_update", _attention_update),
     Case("npu_moe_gating_top_k", _gating_top_k),
     Case("npu_moe_init_routing_v2+npu_grouped_matmul+npu_moe_token_unpermute", _moe_pipeline),
+    Case("npu_grouped_matmul[one group, cumsum]", _one_group),
     # int8 codes may differ by one where x / scale lands on .5 (rounding mode unverified)
     Case("npu_quantize+npu_quant_matmul[static]", _quant_static, atol=1.0),
     Case("npu_dynamic_quant+npu_quant_matmul[pertoken]", _quant_dynamic, atol=1.0),

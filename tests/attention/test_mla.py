@@ -53,9 +53,10 @@ class Dims:
     V: int  # v_head_dim
 
 
-# DeepSeek-V3's real attention dims (prefill takes the fused op's native 192/128 shape
-# with 8 heads) and small ones (prefill pads heads to a common width).
-DIMS = {"dsv3": Dims(8, 512, 64, 128, 128), "small": Dims(4, 32, 16, 32, 32)}
+# DeepSeek-V3's real attention dims (prefill takes the dense TND form's 192/128 shape
+# with 8 heads) and small nope / value dims over the kernels' 512 + 64 latent with 4 heads
+# (prefill pads to 128/128, decode pads the heads to 8).
+DIMS = {"dsv3": Dims(8, 512, 64, 128, 128), "small": Dims(4, 512, 64, 32, 32)}
 
 
 def make_config(dims: Dims, dtype) -> VllmConfig:
@@ -372,20 +373,44 @@ def test_prefill_backend_contract_merges_to_full_attention(dims):
         torch.testing.assert_close(merged[qe[r]:qe[r + 1]], ref, atol=1e-5, rtol=1e-5)
 
 
-def test_prefill_pads_only_shapes_the_fused_op_lacks(mocker):
+@pytest.mark.parametrize("dims,called,dtype", [
+    (DIMS["dsv3"], (192, 128), torch.float32),           # DeepSeek-V3: the native form
+    (Dims(4, 512, 64, 128, 128), (192, 128), torch.float32),  # any head count in TND
+    (DIMS["small"], (128, 128), torch.float32),          # qk 96 / v 32: zero-padded
+    (DIMS["small"], (128, 128), torch.float16),          # float16 runs in bfloat16
+])
+def test_prefill_takes_the_dense_tnd_forms_only(mocker, dims, called, dtype):
+    """The dense TND form takes head dims (128, 128, 128) or (192, 192, 128 / 192) in
+    bfloat16 (ops/sim/fia_shapes.py): other dims are zero-padded, float16 cast, and the
+    result equals attention over the unpadded heads."""
     fia = mocker.spy(ops, "npu_fused_infer_attention_score")
-    for d, padded in ((DIMS["dsv3"], False), (DIMS["small"], True),
-                      (Dims(4, 512, 64, 128, 128), True)):  # 4 heads: not a native N
-        be = NPUMLAPrefillBackend(num_heads=d.n, scale=0.1, kv_lora_rank=d.L,
-                                  qk_nope_head_dim=d.P, qk_rope_head_dim=d.R,
-                                  v_head_dim=d.V, vllm_config=None)
-        q = torch.randn(6, d.n, d.P + d.R)
-        v = torch.randn(6, d.n, d.V)
-        out = be.run_prefill(q, q.clone(), v, [6], [6])
-        assert out.shape == (6, d.n, d.V)
-        torch.testing.assert_close(out, ref_attention(q, q, v, 0.1), atol=1e-5, rtol=1e-5)
-        value = fia.call_args.args[2]
-        assert (value.shape[-1] != d.V) == padded
+    d = dims
+    be = NPUMLAPrefillBackend(num_heads=d.n, scale=0.1, kv_lora_rank=d.L,
+                              qk_nope_head_dim=d.P, qk_rope_head_dim=d.R,
+                              v_head_dim=d.V, vllm_config=None)
+    q = torch.randn(6, d.n, d.P + d.R, generator=torch.Generator().manual_seed(3)).to(dtype)
+    v = torch.randn(6, d.n, d.V, generator=torch.Generator().manual_seed(4)).to(dtype)
+    out = be.run_prefill(q, q.clone(), v, [6], [6])
+    assert out.shape == (6, d.n, d.V) and out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref_attention(q, q, v, 0.1),
+                               **(TOL[torch.float32] if dtype == torch.float32
+                                  else TOL[torch.bfloat16]))
+    query, _, value = fia.call_args.args
+    assert (query.shape[-1], value.shape[-1]) == called
+    assert query.dtype == (torch.bfloat16 if dtype == torch.float16 else dtype)
+
+
+def test_mla_shapes_the_kernels_lack_are_refused_at_startup():
+    """ATB MLA and the fused op's MLA form take a 512 + 64 latent and at most 128 query
+    heads (padded to {8, 16, 32, 64, 128}): a model outside that stops at startup."""
+    from vllm_npu.attention.mla import padded_heads
+
+    assert [padded_heads(n) for n in (1, 4, 8, 20, 128)] == [8, 8, 8, 32, 128]
+    with pytest.raises(ValueError, match="at most 128"):
+        padded_heads(129)
+    d = Dims(4, 256, 32, 32, 32)  # MiniCPM3-like latent
+    with pytest.raises(NotImplementedError, match="kv_lora_rank 256 / qk_rope_head_dim 32"):
+        Harness(d, torch.float32)
 
 
 # ------------------------------------------------------------------------------ platform
@@ -400,7 +425,7 @@ def _selector(**kw):
 def test_platform_selects_npu_mla_backend():
     path = NPUPlatform.get_attn_backend_cls(None, _selector())
     assert path == NPUMLABackend.full_path()
-    assert NPUPlatform.get_attn_backend_cls(None, _selector(head_size=48, block_size=256))
+    assert NPUPlatform.get_attn_backend_cls(None, _selector(block_size=256))
     assert NPUPlatform.get_attn_backend_cls(None, _selector(use_dcp=True)) == path
     assert NPUPlatform.get_attn_backend_cls(None, _selector(use_pcp=True)) == path
 
@@ -409,6 +434,7 @@ def test_platform_selects_npu_mla_backend():
     (dict(use_sparse=True), "sparse"),
     (dict(head_size=600), "latent head size"),
     (dict(head_size=50), "latent head size"),
+    (dict(head_size=48), "take kv_lora_rank 512 and qk_rope_head_dim 64"),
     (dict(kv_cache_dtype="fp8"), "kv cache"),
     (dict(block_size=64), "block size"),
     (dict(has_sliding_window=True), "sliding window"),

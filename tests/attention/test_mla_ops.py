@@ -42,7 +42,7 @@ def _planes(cache, L):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("dims", [(512, 64, 8), (32, 16, 4)])
+@pytest.mark.parametrize("dims", [(512, 64, 8), (512, 64, 16)])
 def test_latent_attention_without_lse_matches_reference(dims, dtype):
     """The plain decode call (no lse): ragged lengths on and across block boundaries."""
     L, R, N = dims
@@ -61,7 +61,7 @@ def test_latent_attention_without_lse_matches_reference(dims, dtype):
 def test_latent_attention_refuses_strided_views_of_one_cache():
     """ATB takes dense ND tensors: the nope/rope halves of a merged [.., L+R] cache are
     strided views, which torch_npu would copy whole on every call."""
-    L, R, N = 32, 16, 4
+    L, R, N = 512, 64, 8
     query, cache, bt, _ = _latent_setup(2, N, L, R, [5, 9], torch.float16)
     q_nope, q_rope = query[..., :L].contiguous(), query[..., L:].contiguous()
     with pytest.raises(NPUOpError, match="ctkv must be contiguous"):
@@ -72,21 +72,25 @@ def test_latent_attention_refuses_strided_views_of_one_cache():
 
 
 def test_latent_attention_shape_limits():
-    L, R, N = 32, 16, 4
+    L, R, N = 512, 64, 8
     query, cache, bt, _ = _latent_setup(2, N, L, R, [5, 9], torch.float16)
     q_nope, q_rope = query[..., :L].contiguous(), query[..., L:].contiguous()
     nope, rope = _planes(cache, L)
     cases = [
         (dict(kv_headnum=2), "MQA only"),
-        (dict(q_headnum=8), "MQA only"),
+        (dict(q_headnum=16), "MQA only"),
         (dict(q_nope=q_nope.float()), "q_rope dtype torch.float16 != q_nope dtype torch.float32"),
         (dict(block_tables=bt.long()), "block_tables must be int32"),
         (dict(context_lens=[5, 9999]), "context_lens must be 2 host ints"),
         (dict(output=torch.empty(2, N, L + R, dtype=torch.float16)), "output must be"),
-        (dict(ctkv=torch.zeros(2, 256, 1, L, dtype=torch.float16),
-              k_rope=torch.zeros(2, 256, 1, R, dtype=torch.float16)), "block_size=256"),
-        (dict(q_nope=torch.zeros(2, N, 600, dtype=torch.float16),
-              ctkv=torch.zeros(16, BS, 1, 600, dtype=torch.float16)), "L\\+R=616"),
+        # ATB multi_latent_attention_operation.cpp: "decoder blockSize should be 128",
+        # head size 512 / rope 64, headNum {8, 16, 32, 64, 128} (ops/sim/fia_shapes.py)
+        (dict(ctkv=torch.zeros(2, 64, 1, L, dtype=torch.float16),
+              k_rope=torch.zeros(2, 64, 1, R, dtype=torch.float16)), "block_size 128, got 64"),
+        (dict(q_nope=torch.zeros(2, N, 448, dtype=torch.float16),
+              ctkv=torch.zeros(16, BS, 1, 448, dtype=torch.float16)), "latent of 512"),
+        (dict(q_nope=q_nope[:, :4].contiguous(), q_rope=q_rope[:, :4].contiguous(),
+              q_headnum=4, output=None), "headNum 4"),
     ]
     for kw, match in cases:
         args = dict(q_nope=q_nope, q_rope=q_rope, ctkv=nope, k_rope=rope, block_tables=bt,
@@ -109,7 +113,7 @@ def _split_call(query, cache, bt, lens, L, scale, **kw):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("dims", [(512, 64, 8), (32, 16, 4)])
+@pytest.mark.parametrize("dims", [(512, 64, 8), (512, 64, 16)])
 def test_latent_attention_with_lse_matches_reference(dims, dtype):
     L, R, N = dims
     lens = [1, 127, 129, 300]
@@ -129,8 +133,8 @@ def test_latent_attention_with_lse_matches_reference(dims, dtype):
 
 def test_latent_attention_empty_shard_gives_zero_and_minus_inf():
     """A context-parallel rank holding none of a request: output 0, lse -inf."""
-    query, cache, bt, _ = _latent_setup(2, 4, 32, 16, [5, 9], torch.float32)
-    (_, _), out, lse = _split_call(query, cache, bt, [5, 0], 32, 0.1,
+    query, cache, bt, _ = _latent_setup(2, 8, 512, 64, [5, 9], torch.float32)
+    (_, _), out, lse = _split_call(query, cache, bt, [5, 0], 512, 0.1,
                                    calc_type="calc_type_ring", return_lse=True)
     assert (out[1] == 0).all() and (lse[1] == float("-inf")).all()
     assert torch.isfinite(lse[0]).all()
@@ -142,11 +146,11 @@ def test_latent_attention_empty_shard_gives_zero_and_minus_inf():
     (dict(calc_type="calc_type_ring", mask_type="mask_type_spec"), "does not implement"),
 ])
 def test_latent_attention_refusals(kw, match):
-    query, cache, bt, _ = _latent_setup(2, 4, 32, 16, [5, 9], torch.float32)
+    query, cache, bt, _ = _latent_setup(2, 8, 512, 64, [5, 9], torch.float32)
     with pytest.raises((NPUOpError, NotImplementedError), match=match):
-        _split_call(query, cache, bt, [5, 9], 32, 0.1, **kw)
+        _split_call(query, cache, bt, [5, 9], 512, 0.1, **kw)
     with pytest.raises(NPUOpError, match="context_lens must be 2 host ints"):
-        _split_call(query, cache, bt, [5, 9, 1], 32, 0.1)
+        _split_call(query, cache, bt, [5, 9, 1], 512, 0.1)
 
 
 def _causal_mask():
@@ -160,7 +164,7 @@ def test_fused_attention_mla_form_verifies_drafts_causally(dtype):
     values are the nope part (plain per-token loop as the reference)."""
     from vllm_npu.ops.sim import npu_fused_infer_attention_score
 
-    L, R, N, scale = 32, 16, 4, 0.11
+    L, R, N, scale = 512, 64, 8, 0.11
     kv_lens, q_lens = [5, 130, 260], [2, 4, 1]
     _, cache, bt, _ = _latent_setup(3, N, L, R, kv_lens, dtype)
     g = torch.Generator().manual_seed(7)
@@ -186,7 +190,7 @@ def test_fused_attention_mla_form_verifies_drafts_causally(dtype):
 def test_fused_attention_mla_form_takes_at_most_16_query_tokens():
     from vllm_npu.ops.sim import npu_fused_infer_attention_score
 
-    L, R, N = 32, 16, 4
+    L, R, N = 512, 64, 8
     _, cache, bt, _ = _latent_setup(1, N, L, R, [40], torch.float32)
     nope, rope = (p.reshape(p.shape[0], BS, -1) for p in _planes(cache, L))
     q = torch.randn(17, N, L)
@@ -196,3 +200,23 @@ def test_fused_attention_mla_form_takes_at_most_16_query_tokens():
             num_key_value_heads=1, input_layout="TND", atten_mask=_causal_mask(),
             sparse_mode=3, scale=0.1, block_table=bt, block_size=BS,
             actual_seq_lengths=[17], actual_seq_lengths_kv=[40])
+
+
+@pytest.mark.parametrize("heads,rope_dim,match", [
+    (6, 64, r"query heads in \[1, 2, 4, 8, 16, 32, 64, 128\], got 6"),  # pad to 8
+    (8, 32, "rope D 64, got D 512, rope 32"),
+])
+def test_fused_attention_mla_form_takes_its_documented_heads_and_rope(heads, rope_dim, match):
+    """The MLA form: query D 512 with one kv head, query heads a power of two up to 128,
+    rope D 64 (op-plugin FIA doc; ops-transformer's incre-flash tiling check)."""
+    from vllm_npu.ops.sim import npu_fused_infer_attention_score
+
+    L = 512
+    _, cache, bt, _ = _latent_setup(1, 8, L, rope_dim, [40], torch.float32)
+    nope, rope = (p.reshape(p.shape[0], BS, -1) for p in _planes(cache, L))
+    with pytest.raises(NPUOpError, match=match):
+        npu_fused_infer_attention_score(
+            torch.randn(2, heads, L), nope, nope, query_rope=torch.randn(2, heads, rope_dim),
+            key_rope=rope, num_heads=heads, num_key_value_heads=1, input_layout="TND",
+            atten_mask=_causal_mask(), sparse_mode=3, scale=0.1, block_table=bt,
+            block_size=BS, actual_seq_lengths=[2], actual_seq_lengths_kv=[40])

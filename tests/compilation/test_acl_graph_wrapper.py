@@ -8,6 +8,7 @@ from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.forward_context import BatchDescriptor, set_forward_context
 
 from vllm_npu.compilation.acl_graph import ACLGraphWrapper, GraphCaptureError
+from vllm_npu.ops.sim.checks import NPUOpError
 
 
 class _Model(torch.nn.Module):
@@ -90,27 +91,25 @@ def test_needs_a_graph_mode():
 @torch.inference_mode()
 def test_every_replay_runs_the_task_refresh_first_and_waits_on_its_event():
     """The runner's refresh runs before each replay, whoever calls the model (vLLM's
-    _dummy_run on an idle DP rank calls it directly), never at capture; the replay
-    waits on the event the refresh returns (waiting on an unrecorded one fails)."""
-    from vllm_npu.ops.sim.graph import ExternalEvent
-
+    _dummy_run on an idle DP rank calls it directly), never at capture; the replay's
+    captured wait needs the refresh to record the graph's event each time (a replay
+    without a record since the captured reset would hang a device)."""
     model, x = _Model(), torch.randn(8, 4)
     wrapper = ACLGraphWrapper(model, VllmConfig(), CUDAGraphMode.FULL)
     desc = BatchDescriptor(num_tokens=8, uniform=True)
     seen = []
 
-    def refresh(ctx):
+    def refresh(ctx, event):
         seen.append(ctx.batch_descriptor)
-        event = ExternalEvent()
         event.record()
-        return event
 
     wrapper.before_replay = refresh
     _run(wrapper, x, CUDAGraphMode.FULL, desc)  # capture: no refresh
     assert seen == []
+    events = {id(e.event) for e in wrapper.entries.values()}
     _run(wrapper, x, CUDAGraphMode.FULL, desc)
-    _run(wrapper, x, CUDAGraphMode.FULL, desc)
-    assert seen == [desc, desc]
-    wrapper.before_replay = lambda ctx: ExternalEvent()  # never recorded
-    with pytest.raises(RuntimeError, match="never recorded"):
+    _run(wrapper, x, CUDAGraphMode.FULL, desc)  # the captured reset re-armed the wait
+    assert seen == [desc, desc] and len(events) == 1
+    wrapper.before_replay = lambda ctx, event: None  # updates, but never records
+    with pytest.raises(NPUOpError, match="no task update recorded since its reset"):
         _run(wrapper, x, CUDAGraphMode.FULL, desc)

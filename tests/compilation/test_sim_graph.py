@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from vllm_npu.ops.sim import graph as g
+from vllm_npu.ops.sim import graph_aten
 from vllm_npu.ops.sim import linear as sim_linear
 from vllm_npu.ops.sim.checks import NPUOpError
 
@@ -77,14 +78,15 @@ def test_replayed_aten_ops_write_their_captured_outputs_in_place(monkeypatch):
         graph, y = _capture(forward)
         kinds = {e.fn.name(): e.out_fn for e in graph.entries}
         assert kinds == {"aten::linear": sim_linear.replay_linear_into,
-                         "aten::contiguous": g._copy_replay,
+                         "aten::contiguous": graph_aten.copy_replay,
                          "aten::add.Tensor": torch.ops.aten.add.out,
-                         "aten::relu": torch.ops.aten.relu.out, "aten::to.dtype": g._copy_replay}
+                         "aten::relu": torch.ops.aten.relu.out,
+                         "aten::to.dtype": graph_aten.copy_replay}
         launched = {e.fn.name(): [x.task for x in e.launch] for e in graph.entries if e.launch}
         assert launched == {"aten::linear": ["linear"], "aten::contiguous": ["copy"]}
         copies = []
-        real_copy = g._copy_one
-        monkeypatch.setattr(g, "_copy_one", lambda old, new: (copies.append(old),
+        real_copy = graph_aten.copy_one
+        monkeypatch.setattr(graph_aten, "copy_one", lambda old, new: (copies.append(old),
                                                               real_copy(old, new)))
         x.copy_(torch.randn(5, 8))
         before = y.data_ptr()
@@ -172,14 +174,14 @@ def test_replayed_row_ops_write_their_captured_outputs_in_place(monkeypatch):
             (cat,) = [e for e in graph.entries if e.fn is torch.ops.aten.cat.default]
             assert [x.task for x in cat.launch] == ["copy", "copy"]  # into its two slices
             copies = []
-            real_copy = g._copy_one
-            monkeypatch.setattr(g, "_copy_one", lambda old, new: (copies.append(old),
+            real_copy = graph_aten.copy_one
+            monkeypatch.setattr(graph_aten, "copy_one", lambda old, new: (copies.append(old),
                                                                   real_copy(old, new)))
             for buf, new in zip(buffers, inputs(dtype)):
                 buf.copy_(new)
             ptrs = [t.data_ptr() for t in outs]
             graph.replay()
-            monkeypatch.setattr(g, "_copy_one", real_copy)
+            monkeypatch.setattr(graph_aten, "copy_one", real_copy)
             assert [t.data_ptr() for t in outs] == ptrs
             for got, want in zip(outs, forward(*buffers)):
                 assert torch.equal(got, want)
@@ -376,8 +378,49 @@ def test_misuse_is_refused():
             graph.replay()
     finally:
         graph.capture_end()
-    with pytest.raises(RuntimeError, match="never recorded"):
+    with pytest.raises(NPUOpError, match="no task update recorded"):
         g.ExternalEvent().wait()
+
+
+def test_an_external_event_is_captured_as_wait_and_reset_nodes():
+    """torch_npu's protocol (test_aclgraph_update.py): wait and reset captured into the
+    graph, a record per replay; the captured reset re-arms the wait, so a second replay
+    without a new record is refused (a device would wait forever)."""
+    x = torch.ones(3)
+    event, graph = g.ExternalEvent(), g.SimGraph()
+    graph.capture_begin()
+    try:
+        event.wait(g.current_stream())  # recorded nowhere yet: not checked at capture
+        event.reset(g.current_stream())
+        y = x * 2
+    finally:
+        graph.capture_end()
+    x.fill_(5)
+    event.record()
+    graph.replay()
+    assert y.tolist() == [10.0] * 3 and not event.recorded
+    with pytest.raises(NPUOpError, match="no task update recorded since its reset"):
+        graph.replay()
+    event.record()
+    graph.replay()
+
+
+def test_the_update_stream_runs_only_task_relaunches_and_host_work():
+    """A device op on the graph-update stream would run unordered with the compute stream
+    that wrote its inputs: refused; views, allocations, declared host work and the op
+    surface's re-issued calls pass."""
+    table = torch.arange(6, dtype=torch.int32).view(2, 3)
+    with g.use_stream(g.SimStream()):
+        padded = table.new_zeros(4, 3)        # an allocation
+        assert table[0].shape == (3,)         # a view
+        with g.host_work():
+            lens = [int(v) for v in table[:, 0]]
+        with pytest.raises(NPUOpError, match="clamp_ issued on the graph-update stream"):
+            padded.clamp_(min=0)
+        with pytest.raises(NPUOpError, match="__setitem__ issued on the graph-update"):
+            padded[:2] = table
+    assert lens == [0, 3]
+    padded[:2] = table  # on the compute stream: fine
 
 
 def _paged_decode_inputs():

@@ -12,5 +12,5 @@ def spawn_workers(monkeypatch):
     (DeviceMemoryProfiler in load_model). A served engine starts from a fresh process and
     never meets this. Use with `pytestmark = pytest.mark.usefixtures("spawn_workers")` in
     every module that starts TP/DP workers after in-process MoE engines may have run
-    (test_bf16_parity runs MoE models in-process, before test_context_parallel)."""
+    (test_device_dtype_parity runs MoE models in-process, before test_context_parallel)."""
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")

@@ -18,7 +18,7 @@ import pytest
 from tests.helpers.engine import generate, make_llm, metric, shutdown, vocab
 from tests.helpers.reference import hf_greedy, random_prompt
 
-# Workers spawn: the in-process MoE engines of earlier modules (test_bf16_parity) leave a
+# Workers spawn: the in-process MoE engines of earlier modules (test_device_dtype_parity) leave a
 # gloo group that a forked worker would finalise and hang on (see tests/e2e/conftest.py).
 pytestmark = pytest.mark.usefixtures("spawn_workers")
 
@@ -27,8 +27,7 @@ BLOCK = 128
 
 MODELS = {  # name -> build_tiny_model arguments
     "llama-mqa": dict(arch="llama", num_key_value_heads=1),
-    "mla-small": dict(arch="deepseek_v3", kv_lora_rank=32, qk_rope_head_dim=16,
-                      qk_nope_head_dim=32, v_head_dim=32),
+    "mla-small": dict(arch="deepseek_v3", qk_nope_head_dim=32, v_head_dim=32),
     "mla-dsv3": dict(arch="deepseek_v3", kv_lora_rank=512, qk_rope_head_dim=64,
                      qk_nope_head_dim=128, v_head_dim=128, q_lora_rank=96),
     "mistral-mqa": dict(arch="mistral", num_key_value_heads=1, sliding_window=48),
@@ -48,6 +47,7 @@ def _count_work(worker) -> None:
     KV cache, shard-level attention returning an lse (standard: the merge op; MLA: the
     latent decode op), and query rows of the paged backend's attention."""
     from vllm_npu import ops
+    from vllm_npu.ops.sim import update_stream
 
     stats = {"stored": 0, "lse_calls": 0, "query_rows": 0}
     _fresh_slots(worker)  # every replay's cache write then passes through the op (counted)
@@ -56,7 +56,8 @@ def _count_work(worker) -> None:
         original = getattr(ops, name)
 
         def call(*args, **kwargs):
-            key, n = count(*args, **kwargs)
+            with update_stream.exempt():  # the test's count, not work the plugin issues
+                key, n = count(*args, **kwargs)
             stats[key] += n
             return original(*args, **kwargs)
         setattr(ops, name, call)

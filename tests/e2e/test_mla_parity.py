@@ -21,8 +21,10 @@ BLOCK = 128
 DSV3_ATTN = dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128)
 CONFIGS = {
     "dsv3-q-lora": DSV3_ATTN | dict(q_lora_rank=96),
-    "dsv3-no-q-lora": DSV3_ATTN | dict(q_lora_rank=None),
-    "small": dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32),
+    # 8 heads: the ATB MLA op's own head count, no padding (the others have 4, padded)
+    "dsv3-no-q-lora": DSV3_ATTN | dict(q_lora_rank=None, num_attention_heads=8),
+    # the tiny default: small nope / value dims, prefill padded to the dense TND form
+    "small-nope": dict(qk_nope_head_dim=32, v_head_dim=32),
 }
 
 

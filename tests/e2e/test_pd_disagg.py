@@ -216,8 +216,7 @@ def mla_p_tp2(parity_dtype, tmp_path_factory):
     from vllm_npu.testing.tiny_model import build_tiny_model
 
     path = build_tiny_model(str(tmp_path_factory.mktemp("pd-mla") / "dsv3"),
-                            arch="deepseek_v3", kv_lora_rank=32, qk_rope_head_dim=16,
-                            qk_nope_head_dim=32, v_head_dim=32)
+                            arch="deepseek_v3")  # latent 512 + 64, nope / value 32
     with cluster(path, tmp_path_factory.mktemp("pd-mla-logs"), parity_dtype,
                  prefill_tp=(2,), decode_tp=(1,)) as c:
         yield c, path

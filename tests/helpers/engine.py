@@ -34,6 +34,21 @@ def generate(llm, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
+def greedy_with_logprobs(llm, prompts: list[list[int]], max_tokens: int):
+    """The engine's greedy tokens, each with the logprob it gave it: [(tokens, logprobs)]."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                            logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    results = []
+    for o in outs:
+        tokens = list(o.outputs[0].token_ids)
+        results.append((tokens, [step[t].logprob
+                                 for step, t in zip(o.outputs[0].logprobs, tokens)]))
+    return results
+
+
 def metric(llm, name: str) -> float:
     return sum(m.value for m in llm.get_metrics() if m.name == name)
 

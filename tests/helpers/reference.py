@@ -43,3 +43,19 @@ def tokenize(path: str, text: str) -> list[int]:
 def random_prompt(seed: int, length: int, vocab: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(2, vocab, (length,), generator=g).tolist()
+
+
+@torch.inference_mode()
+def teacher_forced_scores(model, prompts: list[list[int]],
+                          results: list[tuple[list[int], list[float]]]):
+    """`model` (an HF causal LM) fed each prompt plus the engine's greedy tokens: per
+    position, whether its argmax is the engine's token, and |its logprob of that token -
+    the engine's logprob|. Returns (agreements, differences)."""
+    agree, diffs = [], []
+    for prompt, (tokens, logprobs) in zip(prompts, results):
+        logits = model(torch.tensor([prompt + tokens])).logits[0].float()
+        ref = torch.log_softmax(logits[len(prompt) - 1:-1], dim=-1)
+        for row, token, lp in zip(ref, tokens, logprobs):
+            agree.append(int(row.argmax()) == token)
+            diffs.append(abs(float(row[token]) - lp))
+    return agree, diffs

@@ -96,17 +96,20 @@ class FakeQuantLinear(torch.nn.Module):
             self.ws = t[f"{name}.weight_scale"].reshape(-1).float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
+        """float32 math inside; the result in the model's dtype (the int8 matmul's output
+        dtype on the device)."""
+        shape, dtype = x.shape, x.dtype
         x = x.reshape(-1, shape[-1]).float()
         if self.row_shards == 1:
-            return self._partial(x, self.w, first=True).reshape(*shape[:-1], -1)
-        k = x.shape[-1] // self.row_shards
-        parts = [self._partial(x[:, i * k:(i + 1) * k], self.w[:, i * k:(i + 1) * k], i == 0)
-                 for i in range(self.row_shards)]
-        y = parts[0]
-        for part in parts[1:]:
-            y = y + part
-        return y.reshape(*shape[:-1], -1)
+            y = self._partial(x, self.w, first=True)
+        else:
+            k = x.shape[-1] // self.row_shards
+            parts = [self._partial(x[:, i * k:(i + 1) * k], self.w[:, i * k:(i + 1) * k],
+                                   i == 0) for i in range(self.row_shards)]
+            y = parts[0]
+            for part in parts[1:]:
+                y = y + part
+        return y.reshape(*shape[:-1], -1).to(dtype)
 
     def _partial(self, x: torch.Tensor, w: torch.Tensor, first: bool) -> torch.Tensor:
         bias = self.bias if first else None
@@ -131,8 +134,10 @@ ROW_PARALLEL = ("o_proj", "down_proj")
 
 
 @functools.cache
-def _fake_quant_model(path: str, tp: int = 1, expert_tp: bool = True):
-    """`tp`: the ranks' row-parallel splits; `expert_tp` False: experts stay whole (EP)."""
+def _fake_quant_model(path: str, tp: int = 1, expert_tp: bool = True,
+                      dtype: torch.dtype = torch.float32):
+    """`tp`: the ranks' row-parallel splits; `expert_tp` False: experts stay whole (EP);
+    `dtype`: the float layers' dtype (the quantised ones compute in float32 and return it)."""
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -152,7 +157,7 @@ def _fake_quant_model(path: str, tp: int = 1, expert_tp: bool = True):
                 for suffix in ("weight", "weight_scale", "input_scale"):
                     desc[f"{name}.{suffix}"] = "CT_STATIC" if static else "W8A8_DYNAMIC"
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path),
-                                             dtype=torch.float32).eval()
+                                             dtype=dtype).eval()
     quantised = {k[:-len(".weight")]: v for k, v in desc.items()
                  if k.endswith(".weight") and v in ("W8A8", "W8A8_DYNAMIC", "CT_STATIC")}
     experts = {q.split(".experts.")[0] + ".experts" for q in quantised if ".experts." in q}
@@ -203,3 +208,8 @@ def teacher_forced_mismatches(path: str, prompt_ids: list[int], tokens: list[int
         if token == int(top.indices[pos, 1]) and margin < tie:
             ties.append((pos, margin))
     return wrong, ties
+
+
+def fake_quant_model(path: str, dtype: torch.dtype):
+    """The reference model in `dtype` (bfloat16 / float16 engines are scored against it)."""
+    return _fake_quant_model(path, dtype=dtype)

@@ -276,8 +276,9 @@ def test_fia_softmax_lse(scenario, dtype, window):
 
 
 def test_fia_unpaged_tnd_with_cumulative_kv():
-    # Without block_table, key/value are [T_kv, Hkv, D] with cumulative kv ends.
-    n, hkv, d = 4, 2, 16
+    # Without block_table, key/value are [T_kv, Hkv, D] with cumulative kv ends; the dense
+    # TND form takes D 128 (or 192).
+    n, hkv, d = 4, 2, 128
     q_lens, kv_lens = [2, 3], [5, 3]
     g = torch.Generator().manual_seed(15)
     k = [torch.randn(n_, hkv, d, generator=g) for n_ in kv_lens]
@@ -289,6 +290,32 @@ def test_fia_unpaged_tnd_with_cumulative_kv():
         input_layout="TND", sparse_mode=3)
     torch.testing.assert_close(out[:2], ref_attention(q[:2], k[0], v[0], 0.5))
     torch.testing.assert_close(out[2:], ref_attention(q[2:], k[1], v[1], 0.5))
+
+
+@pytest.mark.parametrize("dims,heads,dtype,match", [
+    ((64, 64), (4, 4), torch.bfloat16, r"dense TND takes .* got \(64, 64, 64\)"),
+    ((96, 32), (4, 4), torch.bfloat16, "got \\(96, 96, 32\\)"),
+    ((192, 192), (4, 2), torch.bfloat16, "192 without grouped heads"),
+    ((128, 128), (4, 4), torch.float16, "dense TND takes bfloat16, got torch.float16"),
+])
+def test_fia_dense_tnd_takes_its_documented_forms_only(dims, heads, dtype, match):
+    """No block table, no rope: head dims (128, 128, 128) or (192, 192, 128 / 192 without
+    grouped heads), bfloat16 (op-plugin's TND constraints; the kernel's TND check)."""
+    (dqk, dv), (n, hkv) = dims, heads
+    q, k, v = torch.ones(3, n, dqk, dtype=dtype), torch.ones(3, hkv, dqk, dtype=dtype), \
+        torch.ones(3, hkv, dv, dtype=dtype)
+    with pytest.raises(NPUOpError, match=match):
+        npu_fused_infer_attention_score(q, k, v, atten_mask=MASK, actual_seq_lengths=[3],
+                                        actual_seq_lengths_kv=[3], num_heads=n,
+                                        num_key_value_heads=hkv, scale=0.5,
+                                        input_layout="TND", sparse_mode=3)
+    for ok in ((128, 128, torch.bfloat16), (192, 128, torch.bfloat16)):
+        q, k, v = (torch.ones(3, h, d_, dtype=ok[2]) for h, d_ in
+                   ((n, ok[0]), (hkv, ok[0]), (hkv, ok[1])))
+        npu_fused_infer_attention_score(q, k, v, atten_mask=MASK, actual_seq_lengths=[3],
+                                        actual_seq_lengths_kv=[3], num_heads=n,
+                                        num_key_value_heads=hkv, scale=0.5,
+                                        input_layout="TND", sparse_mode=3)
 
 
 # ------------------------------------------------------------------ FIA refusals

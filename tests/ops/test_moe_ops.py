@@ -232,6 +232,23 @@ def test_local_experts_match_dense_moe(routing):
              for r in range(2)]
     torch.testing.assert_close(parts[0] + parts[1], ref, atol=1e-5, rtol=1e-5)
     assert not any(torch.isnan(p).any() for p in parts)  # undefined rows never leak
+    # one slot per rank (E experts over EP E): a single group goes as a cumsum list
+    singles = [run_local_experts(x, weights, ids, FloatExperts(w13[r:r + 1], w2[r:r + 1]),
+                                 r, experts) for r in range(experts)]
+    torch.testing.assert_close(sum(singles), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_grouped_matmul_refuses_a_count_list_of_one_group():
+    """op-plugin's npu_grouped_matmul doc: with group_list_type 1 "the length cannot be 1";
+    the same single group as a cumulative end (type 0) is taken."""
+    x, w = torch.randn(4, 6, generator=_gen(10)), torch.randn(1, 6, 3, generator=_gen(11))
+    gl = torch.tensor([3])
+    with pytest.raises(NPUOpError, match="cannot have length 1"):
+        npu_grouped_matmul([x], [w], group_list=gl, split_item=2, group_type=0,
+                           group_list_type=1)
+    (y,) = npu_grouped_matmul([x], [w], group_list=gl, split_item=2, group_type=0,
+                              group_list_type=0)
+    torch.testing.assert_close(y[:3], x[:3] @ w[0])
 
 
 def test_int8_local_experts_match_the_fake_quant_loop():

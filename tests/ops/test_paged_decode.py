@@ -210,9 +210,9 @@ def test_fia_batch_of_equal_prompts_is_plain_causal_attention():
     kernel); each row equals its own causal softmax."""
     g = torch.Generator().manual_seed(4)
     n, length = 3, 50
-    q = torch.randn(n * length, 4, 32, generator=g)
-    k = torch.randn(n * length, 2, 32, generator=g)
-    v = torch.randn(n * length, 2, 32, generator=g)
+    q = torch.randn(n * length, 4, 128, generator=g)  # the dense TND form's D
+    k = torch.randn(n * length, 2, 128, generator=g)
+    v = torch.randn(n * length, 2, 128, generator=g)
     ends = [length * (i + 1) for i in range(n)]
     out, _ = npu_fused_infer_attention_score(
         q, k, v, atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1),

@@ -23,7 +23,9 @@ def test_quantize_per_channel_with_offsets_and_saturation(div_mode):
     x = torch.randn(5, 6, generator=g) * 40
     x[0, 0], x[1, 1] = 1e4, -1e4  # saturate at +127 / -128
     scales = torch.rand(6, generator=g) + 0.2
-    zp = torch.randint(-3, 4, (6,), generator=g).float()
+    # zero points: integers for aclnnQuantize (div_mode=True), in x's dtype otherwise
+    zp = torch.randint(-3, 4, (6,), generator=g, dtype=torch.int32)
+    zp = zp if div_mode else zp.float()
     y = npu_quantize(x, scales, zp, torch.qint8, -1, div_mode)
     assert y.dtype == torch.int8
     for i in range(5):
@@ -31,6 +33,40 @@ def test_quantize_per_channel_with_offsets_and_saturation(div_mode):
             v = float(x[i, j]) / float(scales[j]) if div_mode else float(x[i, j]) * float(scales[j])
             assert int(y[i, j]) == _sat(_round_half_even(v + float(zp[j]))), (i, j)
     assert int(y[0, 0]) == (127 if div_mode or scales[0] > 0 else -128)
+
+
+@pytest.mark.parametrize("x_dtype,scales,zero_points,div_mode,match", [
+    # div_mode=True (aclnnQuantize): scales in x's dtype; bf16 x: bf16 zero points too
+    (torch.bfloat16, torch.float32, torch.int32, True, "scales in the input's dtype"),
+    (torch.bfloat16, torch.bfloat16, torch.int32, True, "zero_points in"),
+    (torch.float16, torch.float32, None, True, "takes no float16 input"),
+    (torch.float16, torch.float16, None, True, "takes no float16 input"),
+    (torch.float32, torch.bfloat16, None, True, "scales in the input's dtype"),
+    (torch.float32, torch.float32, torch.float32, True, "zero_points in"),
+    # div_mode=False: scales (and zero points) in x's dtype
+    (torch.bfloat16, torch.float32, None, False, "scales in the input's dtype"),
+    (torch.float16, torch.float16, torch.int32, False, "zero_points in the scales' dtype"),
+])
+def test_quantize_refuses_the_dtype_pairs_the_device_refuses(x_dtype, scales, zero_points,
+                                                             div_mode, match):
+    zp = None if zero_points is None else torch.zeros(4, dtype=zero_points)
+    with pytest.raises(NPUOpError, match=match):
+        npu_quantize(torch.ones(2, 4, dtype=x_dtype), torch.ones(4, dtype=scales), zp,
+                     torch.qint8, -1, div_mode)
+
+
+@pytest.mark.parametrize("x_dtype,zero_points,div_mode", [
+    (torch.bfloat16, torch.bfloat16, True),   # CANN 8.0.0 aclnnQuantize's bf16 form
+    (torch.float32, torch.int32, True),
+    (torch.bfloat16, torch.bfloat16, False),  # vllm-ascend's quant_per_tensor form
+    (torch.float16, torch.float16, False),
+])
+def test_quantize_takes_the_documented_dtype_pairs(x_dtype, zero_points, div_mode):
+    x = torch.tensor([[-3.0, 0.25, 1.0, 7.5]], dtype=x_dtype)
+    scales = torch.full((4,), 0.5 if div_mode else 2.0, dtype=x_dtype)
+    zp = torch.tensor([1, 0, -1, 2], dtype=zero_points)
+    y = npu_quantize(x, scales, zp, torch.qint8, -1, div_mode)
+    assert y.tolist() == [[-5, 0, 1, 17]]  # x * 2 + zp, half to even (0.5 -> 0)
 
 
 def test_dynamic_quant_is_symmetric_per_token_and_keeps_zero_rows():
@@ -188,7 +224,10 @@ def test_grouped_matmul_per_token_bf16_output():
 @pytest.mark.parametrize("change,match", [
     (dict(scale=torch.ones(2, 8, dtype=torch.int64)), "scale is float32 or bfloat16"),
     (dict(scale=torch.ones(2, 8, dtype=torch.bfloat16), out=torch.float16),
-     "a bfloat16 scale goes with bfloat16 output"),
+     "torch.float16 output takes a torch.float32 scale"),
+    # the doc's per-token table has no float32 scale -> bfloat16 y row (the old MoE pair)
+    (dict(scale=torch.ones(2, 8), out=torch.bfloat16),
+     "torch.bfloat16 output takes a torch.bfloat16 scale"),
     (dict(pts=torch.ones(4, dtype=torch.float16)), "per_token_scale must be float32"),
     (dict(out=torch.int8), "output_dtype torch.int8"),
     (dict(w=torch.ones(2, 16, 8)), "an int8 x needs an int8 weight"),

@@ -40,6 +40,7 @@ from vllm_npu.attention.context_parallel import (
     combine_over_ranks,
     merge_partials,
 )
+from vllm_npu.attention import dense_tnd
 from vllm_npu.attention.fia_calls import as_task, fia_max_workspace, fia_out
 from vllm_npu.attention.host_lens import host_seq_lens
 from vllm_npu.attention.softcap import softcap_attention
@@ -384,13 +385,14 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         Under graph capture (`backend` given) the two attention calls are separate tasks
         (FIA `.out` with their own outputs and workspaces) and the context path is always
         taken; returns their handles and buffers for update_graph_params."""
-        t, heads = q.shape[:2]
-        new = self._dcp_new_tokens_args(q, key, value, meta)
-        new_out, new_lse = torch.empty_like(q), q.new_empty(t, heads, 1, dtype=torch.float32)
+        (t, heads, d), nq, nk, nv = q.shape, *dense_tnd.prepare(q, key, value)
+        new = self._dcp_new_tokens_args(nq, nk, nv, meta)
+        new_out = nq.new_empty(t, heads, nv.shape[-1])
+        new_lse = q.new_empty(t, heads, 1, dtype=torch.float32)
         new_ws = fia_max_workspace(new) if backend is not None else None
         new_task, _ = as_task(backend, fia_out, new, new_out, new_lse, new_ws)
         if backend is None and not meta.dcp.any_context:
-            out.copy_(new_out)
+            out.copy_(new_out[..., :d])
             return None
         from vllm.distributed import get_dcp_group
 
@@ -403,12 +405,13 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         ctx_task, _ = as_task(backend, fia_out, ctx, ctx_out, ctx_lse, ctx_ws)
         merged_ctx, merged_lse = combine_over_ranks(group, ctx_out, ctx_lse[..., 0],
                                                     self.num_heads)
-        merged, _ = merge_partials([merged_ctx, new_out], [merged_lse, new_lse[..., 0]])
+        merged, _ = merge_partials([merged_ctx, new_out[..., :d].to(q.dtype)],
+                                   [merged_lse, new_lse[..., 0]])
         out.copy_(merged)
         if backend is None:
             return None
-        return DCPTasks(new_tokens=new_task, context=ctx_task, key=key, value=value, q_all=q_all,
-                        new_out=new_out, new_lse=new_lse, new_workspace=new_ws,
+        return DCPTasks(new_tokens=new_task, context=ctx_task, query=nq, key=nk, value=nv,
+                        q_all=q_all, new_out=new_out, new_lse=new_lse, new_workspace=new_ws,
                         ctx_out=ctx_out, ctx_lse=ctx_lse, ctx_workspace=ctx_ws)
 
     @staticmethod
@@ -566,7 +569,7 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
             return
         dcp = tasks.dcp
         backend.task_update_begin(stream, tasks.attention)
-        fia_out(self._dcp_new_tokens_args(tasks.query, dcp.key, dcp.value, meta),
+        fia_out(self._dcp_new_tokens_args(dcp.query, dcp.key, dcp.value, meta),
                  dcp.new_out, dcp.new_lse, dcp.new_workspace)
         backend.task_update_end(stream)
         backend.task_update_begin(stream, dcp.context)
@@ -580,10 +583,11 @@ class DCPTasks:
     """The DCP graph path's two tasks and the buffers they write or read."""
     new_tokens: object            # task handle: this step's tokens (every rank holds them)
     context: object               # task handle: the gathered heads over this rank's shard
-    key: torch.Tensor             # [T, Hkv, D] new tokens' K, captured input
+    query: torch.Tensor           # [T, H, D'] the new-token task's q, k, v: captured inputs
+    key: torch.Tensor             # [T, Hkv, D'] in the dense TND form (dense_tnd.py)
     value: torch.Tensor
     q_all: torch.Tensor           # [T, W*H, D] every DCP rank's heads
-    new_out: torch.Tensor         # [T, H, D] + lse [T, H, 1]: the new-token task's results
+    new_out: torch.Tensor         # [T, H, D'] + lse [T, H, 1]: the new-token task's results
     new_lse: torch.Tensor
     new_workspace: torch.Tensor | None
     ctx_out: torch.Tensor         # [T, W*H, D] + lse: the context task's results

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from vllm.config import VllmConfig, get_current_vllm_config
 from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.model_executor.layers.attention.mla_attention import (
@@ -77,9 +78,31 @@ from vllm_npu.attention.prefill_context_parallel import (
 from vllm_npu.compilation.graph_backend import get_graph_backend
 from vllm_npu.compilation.graph_params import GRAPH_PARAMS
 from vllm_npu.kv_layout import latent_planes
+from vllm_npu.ops.sim.fia_shapes import (
+    ATB_MLA_BLOCK,
+    ATB_MLA_HEADS,
+    ATB_MLA_LATENT,
+    ATB_MLA_ROPE,
+)
 
-MLA_BLOCK_SIZE = 128  # ATB's MLA attention: block_size <= 128
-MAX_LATENT_HEAD = 576  # kv_lora_rank + qk_rope_head_dim, ATB limit
+MLA_BLOCK_SIZE = ATB_MLA_BLOCK  # ATB's MLA decode: block_size 128
+
+
+def padded_heads(num_heads: int) -> int:
+    """The query heads the MLA decode ops run: ATB MLA takes {8, 16, 32, 64, 128}, the fused
+    op's MLA form powers of two up to 128; other counts are padded with zero queries whose
+    outputs are dropped (vllm-ascend pads to the next power of two, mla_v1.py)."""
+    for heads in ATB_MLA_HEADS:
+        if num_heads <= heads:
+            return heads
+    raise ValueError(f"NPU MLA: {num_heads} query heads per rank; the MLA kernels take at "
+                     f"most {ATB_MLA_HEADS[-1]} (raise the tensor-parallel size)")
+
+
+def _pad_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """[B, N, D] -> [B, heads, D], zero query heads appended."""
+    extra = heads - t.shape[1]
+    return (F.pad(t, (0, 0, 0, extra)) if extra else t).contiguous()
 
 
 class NPUMLABackend(MLACommonBackend):
@@ -102,7 +125,7 @@ class NPUMLABackend(MLACommonBackend):
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
-        return list(range(16, MAX_LATENT_HEAD + 1, 16))
+        return [ATB_MLA_LATENT + ATB_MLA_ROPE]  # the MLA kernels' latent + rope: 512 + 64
 
     @classmethod
     def supports_attn_type(cls, attn_type: str) -> bool:
@@ -128,8 +151,9 @@ def select_mla_backend(selected_backend, cfg) -> str:
     b = NPUMLABackend
     reasons = [why for bad, why in (
         (not b.supports_head_size(cfg.head_size),
-         (f"latent head size {cfg.head_size} (kv_lora_rank + qk_rope_head_dim) not in "
-          f"16..{MAX_LATENT_HEAD} in steps of 16")),
+         (f"latent head size {cfg.head_size} (kv_lora_rank + qk_rope_head_dim): the NPU's "
+          f"MLA kernels take kv_lora_rank {ATB_MLA_LATENT} and qk_rope_head_dim "
+          f"{ATB_MLA_ROPE}")),
         (not b.supports_dtype(cfg.dtype), f"dtype {cfg.dtype}"),
         (not b.supports_kv_cache_dtype(cfg.kv_cache_dtype), f"kv cache {cfg.kv_cache_dtype}"),
         (not b.supports_block_size(cfg.block_size),
@@ -166,6 +190,15 @@ class NPUMLAMetadata(MLACommonMetadata[NPUMLADecodeMetadata]):
         # vLLM's check allows only the CUDA kernels' latent widths (320/512/576).
         if self.head_dim is not None and not NPUMLABackend.supports_head_size(self.head_dim):
             raise ValueError(f"NPU MLA: latent head size {self.head_dim} is not supported")
+
+
+@dataclass(frozen=True, slots=True)
+class MLAUpdateArgs:
+    """One layer's graph-update arguments (NPUMLAImpl.graph_update_args)."""
+    table: torch.Tensor         # int32 [batch, max_blocks], padded with null-block rows
+    seq_lens: list[int]         # host, padded with 0 (or with the drafts' padding requests)
+    slots: torch.Tensor | None  # int32 cache-write slots (None: shared KV layer)
+    query_ends: list[int] | None = None  # drafts to verify: host cumulative query ends
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,15 +345,22 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
         if kv_cache_dtype not in NPUMLABackend.supported_kv_cache_dtypes:
             raise NotImplementedError(f"NPU MLA backend: kv_cache_dtype={kv_cache_dtype!r}; "
                                       f"supported: {NPUMLABackend.supported_kv_cache_dtypes}")
+        dims = (mla_args.get("kv_lora_rank"), mla_args.get("qk_rope_head_dim"))
+        if dims != (ATB_MLA_LATENT, ATB_MLA_ROPE):
+            raise NotImplementedError(
+                f"NPU MLA backend: kv_lora_rank {dims[0]} / qk_rope_head_dim {dims[1]}; the "
+                f"NPU's MLA kernels take {ATB_MLA_LATENT} / {ATB_MLA_ROPE} (DeepSeek-V2/V3, "
+                "Kimi-K2)")
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes,
                          sliding_window, kv_cache_dtype, logits_soft_cap, attn_type,
                          kv_sharing_target_layer_name, **mla_args)
+        self.decode_heads = padded_heads(num_heads * self.dcp_world_size)
         self.cp_interleave = \
             get_current_vllm_config().parallel_config.cp_kv_cache_interleave_size
         self.supports_quant_query_input = False
         self._use_flashinfer_concat_mla_k = False
         self._captured_cache_task: tuple | None = None
-        self._update_args: tuple = ()
+        self._update_args: MLAUpdateArgs | None = None
 
     # ---- cache write -------------------------------------------------------------
     def do_kv_cache_update(self, kv_c_normed: torch.Tensor, k_pe: torch.Tensor,
@@ -423,13 +463,13 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
         d = attn_metadata.decode
         q_nope, q_rope = q if isinstance(q, tuple) else q.split(
             [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
-        act_dtype = q_nope.dtype
+        act_dtype, heads = q_nope.dtype, q_nope.shape[1]
         cache_dtype = kv_c_and_k_pe_cache.dtype  # the op takes one dtype throughout
-        q_nope = q_nope.to(cache_dtype).contiguous()
-        q_rope = q_rope.to(cache_dtype).contiguous()
+        q_nope = _pad_heads(q_nope.to(cache_dtype), self.decode_heads)
+        q_rope = _pad_heads(q_rope.to(cache_dtype), self.decode_heads)
         if self.dcp_world_size > 1:
             out, lse = self._decode_with_lse(q_nope, q_rope, kv_c_and_k_pe_cache, d)
-            return out.to(act_dtype), lse
+            return out[:, :heads].to(act_dtype), lse[:, :heads]
         out = q_nope.new_empty(q_nope.shape)
         backend = get_graph_backend()
         capturing = backend.is_capturing()
@@ -443,11 +483,11 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
             extra = dict(query_len=d.query_ends[0], workspace=workspace, lse=lse)
         else:
             attention, _ = as_task(backend if capturing else None, self._decode, q_nope,
-                                   q_rope, kv_c_and_k_pe_cache, d.block_table, d.seq_lens,
-                                   out)
+                                   q_rope, kv_c_and_k_pe_cache, d.block_table,
+                                   d.seq_lens.tolist(), out)
             extra = {}
         if not capturing:
-            return out.to(act_dtype), None
+            return out[:, :heads].to(act_dtype), None
         cache_write, c, r = self._captured_cache_task or (None, None, None)
         self._captured_cache_task = None
         GRAPH_PARAMS.register(get_forward_context().batch_descriptor, layer.layer_name,
@@ -455,7 +495,7 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
                                        nope_rows=c, rope_rows=r, q_nope=q_nope,
                                        q_rope=q_rope, kv_cache=kv_c_and_k_pe_cache,
                                        output=out, **extra))
-        return out.to(act_dtype), None
+        return out[:, :heads].to(act_dtype), None
 
     def _spec_call(self, q_nope, q_rope, cache, block_table, seq_lens, query_ends, mask):
         nope, rope = latent_planes(cache, self.kv_lora_rank)
@@ -463,46 +503,50 @@ class NPUMLAImpl(MLACommonImpl[NPUMLAMetadata]):
                              mask, self.scale)
 
     def _decode(self, q_nope: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
-                block_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor) -> None:
+                block_table: torch.Tensor, seq_lens: list[int], out: torch.Tensor) -> None:
         """The decode attention call, shared by eager runs, capture and task updates."""
         nope, rope = latent_planes(cache, self.kv_lora_rank)
         ops.npu_multi_head_latent_attention(q_nope, q_rope, nope, rope, block_table,
-                                            seq_lens.tolist(), self.num_heads, self.scale, 1,
+                                            seq_lens, q_nope.shape[1], self.scale, 1,
                                             output=out)
 
-    def update_graph_params(self, backend, stream, tasks: MLATasks,
-                            meta: NPUMLAMetadata) -> None:
-        """Re-issue this layer's captured tasks for a new pure-decode batch (before a FULL
-        replay): the latent write of its tokens, then attention over its lengths. Each
-        task keeps the captured batch's shape: padding tokens write into vLLM's null block
+    def graph_update_args(self, tasks: MLATasks, meta: NPUMLAMetadata) -> MLAUpdateArgs:
+        """What the update re-issues the tasks with, built before it, on the compute stream
+        (the update stream is not ordered after it: ops/sim/update_stream.py). Each task
+        keeps the captured batch's shape: padding tokens write into vLLM's null block
         (block 0, never given to a request) and padding requests have length 0 (as
         vllm-ascend pads its lengths); their outputs are never read."""
         d = meta.decode
         batch = tasks.q_nope.shape[0]
-        lens = _padded_rows(d.seq_lens, batch)  # padding requests: length 0
-        table = _padded_rows(d.block_table, batch)
-        table[lens <= 0] = 0
+        slots = None if tasks.cache_write is None else _task_slots(
+            meta.slot_mapping[:meta.num_actual_tokens], tasks.nope_rows.shape[0])
+        host_lens = d.seq_lens.tolist()  # host int32 (the builder's)
+        if tasks.query_len > 1:
+            ends, lens, table = spec.padded_batch(
+                d.query_ends or list(range(1, len(host_lens) + 1)), host_lens,
+                d.block_table, batch, tasks.query_len)
+            return MLAUpdateArgs(table, lens, slots, ends)
+        lens = (host_lens + [0] * batch)[:batch]  # padding requests: length 0
+        return MLAUpdateArgs(_padded_rows(d.block_table, batch), lens, slots)
+
+    def update_graph_params(self, backend, stream, tasks: MLATasks, meta: NPUMLAMetadata,
+                            args: MLAUpdateArgs) -> None:
+        """Re-issue this layer's captured tasks for a new pure-decode batch (before a FULL
+        replay): the latent write of its tokens, then attention over its lengths."""
         # The tasks hold these tensors' addresses: keep them until the next update.
-        self._update_args = (table,)
+        self._update_args = args
         if tasks.cache_write is not None:
-            slots = _task_slots(meta.slot_mapping[:meta.num_actual_tokens],
-                                tasks.nope_rows.shape[0])
-            self._update_args += (slots,)
             backend.task_update_begin(stream, tasks.cache_write)
-            self._write_rows(tasks.nope_rows, tasks.rope_rows, tasks.kv_cache, slots)
+            self._write_rows(tasks.nope_rows, tasks.rope_rows, tasks.kv_cache, args.slots)
             backend.task_update_end(stream)
         backend.task_update_begin(stream, tasks.attention)
         if tasks.query_len > 1:
-            ends, spec_lens, spec_table = spec.padded_batch(
-                d.query_ends or list(range(1, len(d.seq_lens) + 1)), d.seq_lens.tolist(),
-                d.block_table, tasks.q_nope.shape[0], tasks.query_len)
-            self._update_args += (spec_table,)
-            fia_out(self._spec_call(tasks.q_nope, tasks.q_rope, tasks.kv_cache, spec_table,
-                                     spec_lens, ends, d.attn_mask),
+            fia_out(self._spec_call(tasks.q_nope, tasks.q_rope, tasks.kv_cache, args.table,
+                                     args.seq_lens, args.query_ends, meta.decode.attn_mask),
                      tasks.output, tasks.lse, tasks.workspace)
         else:
-            self._decode(tasks.q_nope, tasks.q_rope, tasks.kv_cache, table, lens,
-                         tasks.output)
+            self._decode(tasks.q_nope, tasks.q_rope, tasks.kv_cache, args.table,
+                         args.seq_lens, tasks.output)
         backend.task_update_end(stream)
 
     def _decode_with_lse(self, q_nope: torch.Tensor, q_rope: torch.Tensor,

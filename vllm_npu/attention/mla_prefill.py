@@ -10,11 +10,9 @@ causal masking (sparse_mode 3) lets query row i of a request with q new and kv t
 tokens see kv rows j <= kv - q + i: the whole context plus the causal part of the new
 tokens. One call covers fresh prefills, chunked prefills and prefix-cache hits.
 
-The fused op takes a value head dim different from the query/key one only in TND with
-Q_D = K_D = 192, V_D in {128, 192} and N in {8, 16, 32, 64, 128} (DeepSeek-V2/V3's real
-shapes, used as is). For any other shape every head is zero-padded to one common width
-(a multiple of 16): zeros in q/k leave the scores unchanged, zeros in v only add columns
-that are dropped from the output.
+The dense TND form takes head dims (128, 128, 128) or (192, 192, 128 / 192) in bfloat16:
+DeepSeek-V2/V3's real shapes (Q/K 192, V 128) run as they are, others zero-padded, and
+float16 runs in bfloat16 (dense_tnd.py).
 """
 from __future__ import annotations
 
@@ -22,10 +20,10 @@ import itertools
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
-import torch.nn.functional as F
 from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
 
 from vllm_npu import ops
+from vllm_npu.attention import dense_tnd
 
 if TYPE_CHECKING:
     from vllm.model_executor.layers.attention.mla_attention import (
@@ -33,21 +31,10 @@ if TYPE_CHECKING:
     )
 
 MASK_SIDE = 2048  # the fused op's compressed causal mask is always 2048 x 2048
-_NATIVE_HEADS = (8, 16, 32, 64, 128)
-_NATIVE_QK_DIM = 192
-_NATIVE_V_DIMS = (128, 192)
 
 
 def cumulative(lengths) -> list[int]:
     return list(itertools.accumulate(int(n) for n in lengths))
-
-
-def fia_takes_shape(num_heads: int, qk_dim: int, v_dim: int) -> bool:
-    """Whether the fused op's TND mode takes these head dims without padding."""
-    if qk_dim == v_dim:
-        return qk_dim % 16 == 0
-    return (qk_dim == _NATIVE_QK_DIM and v_dim in _NATIVE_V_DIMS
-            and num_heads in _NATIVE_HEADS)
 
 
 class NPUMLAPrefillBackend(MLAPrefillBackend):
@@ -70,20 +57,14 @@ class NPUMLAPrefillBackend(MLAPrefillBackend):
                     q_ends: list[int], kv_ends: list[int], causal: bool = True,
                     return_lse: bool = False):
         """Ragged attention; returns out [Tq, N, V] (and lse [N, Tq] float32)."""
-        n, qk_dim = q.shape[1], q.shape[2]
-        v_dim = v.shape[2]
-        if not fia_takes_shape(n, qk_dim, v_dim):
-            width = -(-max(qk_dim, v_dim) // 16) * 16
-            q = F.pad(q, (0, width - qk_dim))
-            k = F.pad(k, (0, width - qk_dim))
-            v = F.pad(v, (0, width - v_dim))
+        n, v_dim, dtype = q.shape[1], v.shape[2], q.dtype
+        q, k, v = dense_tnd.prepare(q, k, v)
         mask = dict(sparse_mode=3, atten_mask=self._mask(q.device)) if causal else {}
         out, lse = ops.npu_fused_infer_attention_score(
-            q.contiguous(), k.contiguous(), v.contiguous(),
-            actual_seq_lengths=q_ends, actual_seq_lengths_kv=kv_ends,
+            q, k, v, actual_seq_lengths=q_ends, actual_seq_lengths_kv=kv_ends,
             num_heads=n, num_key_value_heads=n, scale=float(self.scale),
             input_layout="TND", softmax_lse_flag=return_lse, **mask)
-        out = out[..., :v_dim]
+        out = out[..., :v_dim].to(dtype)
         if not return_lse:
             return out
         return out, lse[..., 0].transpose(0, 1)  # [T, N, 1] -> vLLM's [N, T]

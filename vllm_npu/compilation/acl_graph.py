@@ -5,12 +5,14 @@ forward, a runtime mode and BatchDescriptor through the forward context:
 
     runtime mode != wrapper's mode      -> run eagerly (profile, warm-up, other wrapper)
     first call for a BatchDescriptor    -> capture the graph, return the capture's output
-    later calls                         -> wait for the task updates, replay, return the
-                                           captured output buffer (reused every replay)
+    later calls                         -> update the tasks, replay, return the captured
+                                           output buffer (reused every replay)
 
 Persistent input buffers are the runner's job (as for vLLM's CUDAGraphWrapper); attention
 tasks are refreshed by the runner through `graph_params.update_attention_tasks` before a
-FULL replay.
+FULL replay. The replay waits for the update through an ExternalEvent captured into the
+graph (its wait and reset are the graph's first nodes; the update records it on the update
+stream), the protocol of torch_npu's test_aclgraph_update.py and vllm-ascend.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class GraphStats:
 class _Entry:
     graph: Any
     output: Any
+    event: Any = None  # the ExternalEvent its captured wait blocks on (FULL with updates)
 
 
 class GraphCaptureError(RuntimeError):
@@ -61,9 +64,9 @@ class ACLGraphWrapper:
             ACLGraphWrapper._pool = self.backend.graph_pool_handle()
         self.entries: dict[BatchDescriptor, _Entry] = {}
         # FULL mode: the runner's task refresh, run before every replay (real and dummy
-        # batches alike: a DP rank's dummy step replays too); returns the event the
-        # replay waits on.
-        self.before_replay: Callable[[Any], Any] | None = None
+        # batches alike: a DP rank's dummy step replays too) with the graph's event, which
+        # it records once the updates are issued.
+        self.before_replay: Callable[[Any, Any], None] | None = None
 
     def __getattr__(self, key: str) -> Any:
         runnable = self.__dict__.get("runnable")
@@ -91,9 +94,8 @@ class ACLGraphWrapper:
         entry = self.entries.get(desc)
         if entry is None:
             return self._capture(desc, args, kwargs)
-        event = self.before_replay(ctx) if self.before_replay is not None else None
-        if event is not None:
-            event.wait(self.backend.current_stream())
+        if entry.event is not None:
+            self.before_replay(ctx, entry.event)
         entry.graph.replay()
         ACLGraphWrapper.stats.replays += 1
         return entry.output
@@ -115,12 +117,17 @@ class ACLGraphWrapper:
 
     def _capture(self, desc: BatchDescriptor, args: tuple, kwargs: dict) -> Any:
         graph = self.backend.new_graph()
+        event = self.backend.new_event() if self.before_replay is not None else None
         try:
             with self.backend.capture(graph, ACLGraphWrapper._pool):
+                if event is not None:  # every replay waits here for its task update
+                    stream = self.backend.current_stream()
+                    event.wait(stream)
+                    event.reset(stream)
                 output = self.runnable(*args, **kwargs)
         except Exception as e:
             raise GraphCaptureError(self._capture_failure(desc, e)) from e
-        self.entries[desc] = _Entry(graph, output)
+        self.entries[desc] = _Entry(graph, output, event)
         ACLGraphWrapper.stats.captures += 1
         logger.debug("vllm_npu: captured %s graph for %s", self.runtime_mode.name, desc)
         return output

@@ -61,25 +61,29 @@ GRAPH_PARAMS = GraphParams()
 _update_stream: Any = None
 
 
-def update_attention_tasks(ctx: ForwardContext, layers: dict[str, Any]) -> Any:
+def update_attention_tasks(ctx: ForwardContext, layers: dict[str, Any], event: Any) -> None:
     """Refresh every captured attention task of ctx.batch_descriptor's graph for the batch
-    in ctx.attn_metadata; returns the event the replay must wait on (None: no tasks)."""
+    in ctx.attn_metadata, then record `event` (the graph's captured wait) on the update
+    stream; a graph without tasks gets the record alone."""
     global _update_stream
-    tasks = GRAPH_PARAMS.get(ctx.batch_descriptor)
-    if not tasks:
-        return None
     backend = get_graph_backend()
     if _update_stream is None:
         _update_stream = backend.new_stream()
+    tasks = GRAPH_PARAMS.get(ctx.batch_descriptor) or {}
     metadata = ctx.attn_metadata
+    calls = []
+    for layer_name, layer_tasks in tasks.items():
+        meta = metadata[layer_name] if isinstance(metadata, dict) else metadata
+        impl = layers[layer_name].impl
+        # Device arguments an update needs are built here, on the compute stream: nothing
+        # orders the update stream after it (ops/sim/update_stream.py).
+        build = getattr(impl, "graph_update_args", None)
+        extra = () if build is None else (build(layer_tasks, meta),)
+        calls.append((impl, layer_tasks, meta, extra))
     # The re-issued ops must run on the update stream: issued on the current stream, a
     # device would run them right away and leave the update window empty.
     with backend.stream(_update_stream):
-        for layer_name, layer_tasks in tasks.items():
-            meta = metadata[layer_name] if isinstance(metadata, dict) else metadata
-            layers[layer_name].impl.update_graph_params(backend, _update_stream, layer_tasks,
-                                                        meta)
+        for impl, layer_tasks, meta, extra in calls:
+            impl.update_graph_params(backend, _update_stream, layer_tasks, meta, *extra)
             GRAPH_PARAMS.updates += 1
-        event = backend.new_event()
         event.record(_update_stream)
-    return event

@@ -22,8 +22,11 @@ from vllm_npu import ops
 
 
 def _gmm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, **quant) -> torch.Tensor:
+    # One slot per rank (e.g. 8 experts over EP 8): the doc allows no count-type list of
+    # length 1; a single group's count is also its end, so it goes as type 0 (cumsum).
+    list_type = 0 if counts.shape[0] == 1 else 1
     return ops.npu_grouped_matmul([x], [w.transpose(1, 2)], group_list=counts, split_item=2,
-                                  group_type=0, group_list_type=1, **quant)[0]
+                                  group_type=0, group_list_type=list_type, **quant)[0]
 
 
 def _biased(bias: torch.Tensor | None) -> dict:

@@ -7,7 +7,8 @@ for the OOT platform (`register_linear_kernel(..., "int8")`), so vLLM's own sche
 loading and fused-shard handling stay as they are:
 
     dynamic  x_q, t = npu_dynamic_quant(x)                       per token, symmetric
-    static   x_q = npu_quantize(x, input_scale), t = input_scale per token
+    static   x_q = npu_quantize(x, 1 / input_scale, div_mode=False), t = input_scale
+             per token
              y = npu_quant_matmul(x_q, W^T, weight_scale, pertoken_scale=t, bias=bias)
 
 (the static scale rides as a per-token scale: it lets a float bias be added after
@@ -48,12 +49,12 @@ class NPUInt8ScaledMMLinearKernel(Int8ScaledMMLinearKernel):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         w_name, ws_name, is_name, zp_name, azp_name = self.layer_param_names
         weight = getattr(layer, w_name)
+        n, k = weight.shape  # [out, in] as loaded; the transposed copy is what stays
         replace_parameter(layer, w_name, torch.nn.Parameter(weight.data.t().contiguous(),
                                                             requires_grad=False))
         scale = getattr(layer, ws_name)
         if len(layer.logical_widths) > 1 and not self.config.is_channelwise:
             scale = convert_to_channelwise(scale, layer.logical_widths)
-        n = weight.shape[0]
         scale = scale.data.reshape(-1).float()
         if scale.numel() == 1:
             scale = scale.expand(n).contiguous()
@@ -63,6 +64,10 @@ class NPUInt8ScaledMMLinearKernel(Int8ScaledMMLinearKernel):
             input_scale = getattr(layer, is_name).data.max().float().reshape(1)
             replace_parameter(layer, is_name, torch.nn.Parameter(input_scale,
                                                                  requires_grad=False))
+            # the multiply form of npu_quantize, scales in the activations' dtype (see
+            # quantization/w8a8.py)
+            layer.npu_input_scale_reciprocal = (1.0 / input_scale.double()).to(
+                layer.params_dtype).expand(k).contiguous()
         setattr(layer, zp_name, None)
         setattr(layer, azp_name, None)
 
@@ -72,8 +77,8 @@ class NPUInt8ScaledMMLinearKernel(Int8ScaledMMLinearKernel):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         if self.config.is_static_input_scheme:
-            x_q = ops.npu_quantize(x2, input_scale.expand(x2.shape[-1]).contiguous(), None,
-                                   torch.qint8, -1, True)
+            x_q = ops.npu_quantize(x2, layer.npu_input_scale_reciprocal, None,
+                                   torch.qint8, -1, False)
             token_scale = input_scale.expand(x2.shape[0]).contiguous()
         else:
             x_q, token_scale = ops.npu_dynamic_quant(x2)

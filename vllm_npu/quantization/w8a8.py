@@ -7,7 +7,8 @@ Per quantised Linear (n outputs, k inputs; shards of fused layers load into thei
                   weight_scale / weight_offset [n, 1] (written by ModelSlim, unused);
                   deq_scale [n] (float32, or int64 holding float32 bits for fp16 models);
                   quant_bias int32 [n] = round(bias / deq_scale - rowsum(W) * input_offset)
-        x_q = npu_quantize(x, input_scale, input_offset)      round(x / s + o), int8
+        x_q = npu_quantize(x, 1 / input_scale, input_offset, div_mode=False)
+                                                              round(x * (1/s) + o), int8
         y   = npu_quant_matmul(x_q, W^T, deq_scale, bias=quant_bias)   (acc + qb) * deq
     W8A8_DYNAMIC  weight int8 [n, k]; weight_scale [n, 1] (weight_offset zeros)
         x_q, t = npu_dynamic_quant(x)                         per-token symmetric
@@ -138,9 +139,12 @@ class W8A8LinearMethod(_Int8LinearMethod):
             raise ValueError(f"W8A8 layer {self.layer_name}: the fused shards' input_scale "
                              f"{scale.tolist()} / input_offset {offset.tolist()} differ; "
                              "they quantise one input and must agree")
-        k = layer.weight.shape[0]
-        layer.aclnn_input_scale = scale[:1].float().repeat(k)
-        layer.aclnn_input_offset = offset[:1].round().to(torch.int32).repeat(k)
+        k, dtype = layer.weight.shape[0], layer.params_dtype
+        # npu_quantize's multiply form (div_mode=False: aclnnAscendQuantV3) with the
+        # reciprocal scale and the offset in the activations' dtype, as vllm-ascend's
+        # quant_per_tensor; the divide form takes no float16 input (ops/sim/quant.py).
+        layer.aclnn_input_scale_reciprocal = (1.0 / scale[:1].double()).to(dtype).repeat(k)
+        layer.aclnn_input_offset = offset[:1].round().to(dtype).repeat(k)
         deq = layer.deq_scale.data
         values = _bits_float(deq) if deq.dtype == torch.int64 else deq
         if not (values > 0).all():
@@ -153,8 +157,8 @@ class W8A8LinearMethod(_Int8LinearMethod):
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        x_q = ops.npu_quantize(x2, layer.aclnn_input_scale, layer.aclnn_input_offset,
-                               torch.qint8, -1, True)
+        x_q = ops.npu_quantize(x2, layer.aclnn_input_scale_reciprocal,
+                               layer.aclnn_input_offset, torch.qint8, -1, False)
         y = ops.npu_quant_matmul(x_q, layer.weight, layer.deq_scale,
                                  bias=layer.quant_bias if layer.add_quant_bias else None,
                                  output_dtype=x.dtype)

@@ -22,6 +22,14 @@ from vllm_npu.layers.fused_moe import NPUMoEMethodMixin
 SCHEME = "W8A8_DYNAMIC"
 
 
+def _gmm_scale_dtype(act_dtype: torch.dtype) -> torch.dtype:
+    """npu_grouped_matmul's per-token int8 form pairs a bfloat16 scale with bfloat16 output
+    and a float32 scale with float16 output (op-plugin's npu_grouped_matmul doc, per-token
+    table); vllm-ascend casts the scale to bfloat16 for bf16 models. float32 output (the
+    simulator's parity extension) keeps float32."""
+    return torch.bfloat16 if act_dtype == torch.bfloat16 else torch.float32
+
+
 class NPUW8A8DynamicFusedMoEMethod(NPUMoEMethodMixin, FusedMoEMethodBase):
     ACTIVATIONS = ("silu",)  # Int8Experts: npu_swiglu between the quantised matmuls
     TAKES_BIAS = False
@@ -35,6 +43,7 @@ class NPUW8A8DynamicFusedMoEMethod(NPUMoEMethodMixin, FusedMoEMethodBase):
                        **extra_weight_attrs):
         local = self._prepare(layer, extra_weight_attrs)
         inter = intermediate_size_per_partition
+        self._scale_dtype = _gmm_scale_dtype(params_dtype)
 
         def add(name: str, *shape: int, dtype: torch.dtype, fill: float = 0.0) -> None:
             param = torch.nn.Parameter(torch.full((local, *shape), fill, dtype=dtype),
@@ -64,8 +73,9 @@ class NPUW8A8DynamicFusedMoEMethod(NPUMoEMethodMixin, FusedMoEMethodBase):
                                  f"{prefix} weight_offset (asymmetric weights) is not "
                                  "supported")
             # [S, rows, 1] -> [S, rows]: the grouped matmul's per-channel scale
+            scale = scale.squeeze(-1).to(self._scale_dtype).contiguous()
             setattr(layer, f"{prefix}_weight_scale",
-                    torch.nn.Parameter(scale.squeeze(-1).contiguous(), requires_grad=False))
+                    torch.nn.Parameter(scale, requires_grad=False))
 
     def slot_tensors(self, layer) -> tuple[torch.Tensor, ...]:
         return (layer.w13_weight, layer.w2_weight, layer.w13_weight_scale,

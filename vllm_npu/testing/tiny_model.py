@@ -77,11 +77,12 @@ def _config(arch: str, vocab_size: int, bos: int, eos: int, **overrides):
 
 
 def _deepseek_v3_config(common: dict):
-    """MLA attention with small latent dims by default (override for DeepSeek-V3's real
-    kv_lora_rank 512 / rope 64 / nope 128 / v 128); every layer dense (no MoE)."""
+    """MLA attention with the latent the NPU's MLA kernels take (kv_lora_rank 512, rope 64)
+    and small nope / value dims (override for DeepSeek-V3's nope 128 / v 128), 4 heads
+    (the decode ops pad them to 8); every layer dense (no MoE)."""
     from transformers import DeepseekV3Config
 
-    mla = dict(kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=32,
+    mla = dict(kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=32,
                v_head_dim=32, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
                moe_intermediate_size=64, n_group=1, topk_group=1, rope_interleave=True)
     mla.update(common)

@@ -80,7 +80,8 @@ class NPUModelRunner(CPUGeneratorRewind, VectorisedAsyncInputIds, GPUModelRunner
             # Every FULL replay refreshes the attention tasks first, including the dummy
             # batches vLLM's _dummy_run replays on idle DP ranks (it calls the model
             # directly, not through _model_forward).
-            self.model.before_replay = lambda ctx: update_attention_tasks(ctx, layers)
+            self.model.before_replay = lambda ctx, event: update_attention_tasks(
+                ctx, layers, event)
 
     def capture_model(self) -> int:
         """Capture one ACL graph per BatchDescriptor vLLM's dispatcher asks for (largest

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from vllm_npu.ops.sim import paged_decode
+from vllm_npu.ops.sim import fia_shapes, paged_decode
 from vllm_npu.ops.sim.checks import (
     NPUOpError,
     check_contiguous,
@@ -203,6 +203,9 @@ def npu_fused_infer_attention_score(
                              f"block_size, Hkv*R] must match query {tuple(query.shape)} / "
                              f"key {tuple(key.shape)}; got {tuple(query_rope.shape)} / "
                              f"{tuple(key_rope.shape)}")
+        fia_shapes.check_mla_form(op, N, hkv, D, query_rope.shape[2])
+    elif block_table is None:
+        fia_shapes.check_dense_tnd(op, query.dtype, N, hkv, D, value.shape[-1])
     if actual_seq_lengths is None or actual_seq_lengths_kv is None:
         raise NPUOpError(f"{op}: TND needs actual_seq_lengths and actual_seq_lengths_kv")
     q_ends = _host_ints(op, "actual_seq_lengths", actual_seq_lengths)

@@ -36,80 +36,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
-from vllm_npu.ops.sim import cores, graph_program, linear, native
+from vllm_npu.ops.sim import cores, graph_aten, graph_program, native, update_stream
 from vllm_npu.ops.sim.aten_launches import OWN_LAUNCH
+from vllm_npu.ops.sim.graph_aten import MATMULS, OWN_REPLAY, is_static, out_overload
 from vllm_npu.ops.sim.checks import NPUOpError
 from vllm_npu.ops.sim.opaque import NAMESPACE as OPAQUE_SIM
 from vllm_npu.ops.sim.task_args import addresses, hold, resolve, same_call
-
-
-def _copy_one(old: torch.Tensor, new: torch.Tensor) -> None:
-    if old is not new and (old.data_ptr() != new.data_ptr() or old.stride() != new.stride()):
-        old.copy_(new)
-
-
-def _copy_into(captured: Any, fresh: Any) -> None:
-    for old, new in zip(tree_leaves(captured), tree_leaves(fresh)):
-        if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
-            _copy_one(old, new)
-
-
-# Matrix products: replayed on the simulated device's cores (cores.device_compute_threads;
-# `linear` splits its rows over them itself, ops/sim/linear.py), the rest of a replay on
-# vLLM's one torch thread (elementwise ops of a decode batch are below torch's parallel
-# grain). A device's matmul likewise runs on all its cube cores.
-_MATMULS = frozenset(f"aten::{name}" for name in ("mm", "addmm", "bmm", "baddbmm", "matmul"))
-
-
-def _copy_replay(x: torch.Tensor, *args: Any, out: torch.Tensor, **kwargs: Any) -> None:
-    """A replayed `contiguous` / `to(dtype)`: its captured output is its input copied (and
-    converted: `copy_` converts as `to` does), written in place instead of a fresh tensor
-    copied in."""
-    _copy_one(out, x)
-
-
-# aten ops the simulator replays with a function of its own (same arguments, `out=`):
-# `linear` uses the device's cores itself (the aten ops whose kernels are prepared at
-# capture: aten_launches.py)
-_OWN_REPLAY = {torch.ops.aten.linear.default: linear.replay_linear_into,
-               torch.ops.aten.contiguous.default: _copy_replay,
-               torch.ops.aten.to.dtype: _copy_replay}
-
-# Allocations recorded during capture: on a device they are graph-pool memory, not tasks;
-# the captured buffer is what the graph reads and writes at every replay.
-_ALLOCATIONS = frozenset(f"aten::{name}" for name in (
-    "empty.memory_format", "empty_like", "new_empty", "empty_strided", "new_empty_strided"))
-
-
-def _is_static(func, args: tuple, kwargs: dict, out: Any) -> bool:
-    """An aten call a replay need not re-run: an allocation, or a view whose every output
-    aliases one of its inputs (shapes and strides are fixed in a graph, so the captured
-    view already is what a replay would make; like a device graph, which records no task
-    for either). A call that allocated, e.g. `contiguous` copying a strided input, runs."""
-    if func.name() in _ALLOCATIONS:
-        return True
-    if not func.is_view:
-        return False
-    inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
-              if isinstance(t, torch.Tensor)}
-    outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-    return bool(outputs) and all(t.untyped_storage().data_ptr() in inputs for t in outputs)
-
-
-@functools.cache
-def _out_overload(func) -> Any:
-    """The `out=` overload of an aten op taking the same arguments (`linear` ->
-    `linear.out`), or None: a replay writes the result straight into the captured buffer,
-    as a device kernel writes its graph-pool output, instead of a fresh tensor copied in."""
-    want = [(a.name, str(a.type)) for a in func._schema.arguments]
-    for name in func.overloadpacket.overloads():
-        overload = getattr(func.overloadpacket, name)
-        args = overload._schema.arguments
-        outs = [a for a in args if a.is_out]
-        if len(outs) == 1 and outs[0].name == "out" and outs[0].kwarg_only \
-                and [(a.name, str(a.type)) for a in args if not a.is_out] == want:
-            return overload
-    return None
 
 
 @dataclass
@@ -119,8 +51,8 @@ class _Entry:
     kwargs: dict
     outputs: Any = None
     task: bool = False  # a task group's call: device-tensor arguments held weakly
-    out_fn: Callable[..., Any] | None = None  # writes `outputs` in place (_out_overload)
-    matmul: bool = False  # runs on the device's cores (_MATMULS)
+    out_fn: Callable[..., Any] | None = None  # writes `outputs` in place (out_overload)
+    matmul: bool = False  # runs on the device's cores (MATMULS)
     # the prepared kernel launches (graph_op `launcher` / `replay_launch`, OWN_LAUNCH:
     # native.Launch, or a Python callable); None: the replay runs the op
     launch: tuple | None = None
@@ -165,9 +97,9 @@ class _Entry:
             args, kwargs = resolve(args, name), resolve(kwargs, name)
         fresh = self.fn(*args, **kwargs)
         if type(self.outputs) is torch.Tensor and isinstance(fresh, torch.Tensor):
-            _copy_one(self.outputs, fresh)  # most entries: one plain tensor out
+            graph_aten.copy_one(self.outputs, fresh)  # most entries: one plain tensor out
         elif self.outputs is not None:
-            _copy_into(self.outputs, fresh)
+            graph_aten.copy_into(self.outputs, fresh)
 
 
 @dataclass(eq=False)
@@ -219,13 +151,13 @@ class _Recorder(TorchDispatchMode):
             with self:
                 return func.redispatch(_OPAQUE_KERNEL_KEYS, *args, **kwargs)
         out = func(*args, **kwargs)
-        if _is_static(func, args, kwargs, out):
+        if is_static(func, args, kwargs, out):
             self.graph.static.append(out)  # kept alive with the graph, as its pool is
         else:
-            own = _OWN_REPLAY.get(func) if type(out) is torch.Tensor else None
-            in_place = own or (_out_overload(func) if type(out) is torch.Tensor else None)
+            own = OWN_REPLAY.get(func) if type(out) is torch.Tensor else None
+            in_place = own or (out_overload(func) if type(out) is torch.Tensor else None)
             entry = _Entry(func, args, kwargs, out, out_fn=in_place,
-                           matmul=own is None and func.name() in _MATMULS)
+                           matmul=own is None and func.name() in MATMULS)
             launcher = OWN_LAUNCH.get(func) if type(out) is torch.Tensor else None
             if launcher is not None:
                 entry.prepare(functools.partial(launcher, *args, out=out, **kwargs))
@@ -409,6 +341,10 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        with update_stream.exempt():  # the op itself is the task's (re-)launch
+            return call(*args, **kwargs)
+
+    def call(*args, **kwargs):
         if _state.pending is not None and current_stream() is _state.update_stream:
             commit = reissued(args, kwargs) if relaunch is not None else None
             if commit is not None:
@@ -454,16 +390,18 @@ def graph_op(fn: Callable[..., Any] | None = None, *, host_args: tuple[str, ...]
 
 @contextlib.contextmanager
 def host_work():
-    """Host-side computation inside a capture (sizing a workspace from host sequence
-    lengths): on a device, ops on CPU tensors run once on the host and never become graph
-    tasks; here every tensor is a CPU tensor, so the recorder is told. Allocations made
+    """Host-side computation inside a capture or on the graph-update stream (sizing a
+    workspace from host sequence lengths): on a device, ops on CPU tensors run once on the
+    host, never as graph tasks or stream work; here every tensor is a CPU tensor, so the
+    recorder and the update stream's rule (update_stream.py) are told. Allocations made
     inside belong to the caller, who keeps them alive (the attention tasks' workspaces are
     held by GRAPH_PARAMS)."""
-    if _state.capturing is None:
-        yield
-        return
-    with _disable_current_modes():
-        yield
+    with update_stream.exempt():
+        if _state.capturing is None:
+            yield
+            return
+        with _disable_current_modes():
+            yield
 
 
 def is_capturing() -> bool:
@@ -523,13 +461,14 @@ def graph_task_update_end(stream: Any = None) -> None:
                 raise NPUOpError(f"graph task update of {fn.__name__}: {name} is {layout}, "
                                  f"captured {captured.get(name)}; pad the update's arguments "
                                  "to the captured batch")
-    for entry, (_, args, kwargs, layouts, launch) in zip(handle.entries, calls):
-        if layouts is _REISSUED:
-            launch()  # the commit: new host data into the task's kept call and launch
-            continue
-        entry.args, entry.kwargs = args, kwargs
-        entry.prepared(launch)
-        handle.graph.relaunched(entry)
+    with update_stream.exempt():  # the runtime's own bookkeeping, not stream work
+        for entry, (_, args, kwargs, layouts, launch) in zip(handle.entries, calls):
+            if layouts is _REISSUED:
+                launch()  # the commit: new host data into the task's kept call and launch
+                continue
+            entry.args, entry.kwargs = args, kwargs
+            entry.prepared(launch)
+            handle.graph.relaunched(entry)
     handle.updates += 1
 
 
@@ -550,17 +489,26 @@ def current_stream() -> SimStream:
 
 @contextlib.contextmanager
 def use_stream(stream: SimStream):
-    """`torch.npu.stream(stream)` of the simulated NPU."""
+    """`torch.npu.stream(stream)` of the simulated NPU; on another stream than the default
+    one, only task re-launches and host work run (update_stream.py)."""
     previous, _state.stream = _state.stream, stream
     try:
-        yield stream
+        if stream is _DEFAULT_STREAM:
+            yield stream
+        else:
+            with update_stream.UpdateStreamMode():
+                yield stream
     finally:
         _state.stream = previous
 
 
 class ExternalEvent:
-    """Orders the graph replay after the task updates (record on the update stream,
-    wait on the replay stream). Waiting on an event never recorded is a bug."""
+    """torch.npu.ExternalEvent: orders a graph's replay after its task updates. Its wait and
+    reset are captured into the graph as event nodes (torch_npu streams.py: "Event is
+    captured in the graph as an external event node ... Before reusing ExternalEvent, you
+    need to call reset()"); an update records it on the update stream (torch_npu's
+    test_aclgraph_update.py, vllm-ascend's attention backends). A replay whose captured
+    wait finds no record since the last reset would wait forever on a device: refused."""
 
     def __init__(self) -> None:
         self.recorded = False
@@ -569,8 +517,21 @@ class ExternalEvent:
         self.recorded = True
 
     def wait(self, stream: Any = None) -> None:
-        if not self.recorded:
-            raise RuntimeError("waiting on an ExternalEvent that was never recorded")
+        if _state.capturing is not None:
+            _state.capturing.entries.append(_Entry(self._replayed_wait, (), {}))
+        else:
+            self._replayed_wait()
 
     def reset(self, stream: Any = None) -> None:
+        if _state.capturing is not None:
+            _state.capturing.entries.append(_Entry(self._replayed_reset, (), {}))
+        else:
+            self.recorded = False
+
+    def _replayed_wait(self) -> None:
+        if not self.recorded:
+            raise NPUOpError("a replay waits on an ExternalEvent no task update recorded "
+                             "since its reset: the device would wait forever")
+
+    def _replayed_reset(self) -> None:
         self.recorded = False

@@ -11,9 +11,10 @@ are written with `_npu_reshape_and_cache`, K = nope, V = rope):
 Decode reads both planes as keys (all L + R features) and the nope plane as values: with
 the absorbed query [q_nope @ W_UK | q_pe], attention returns softmax(q . row) @ ctkv per
 head. Signature after torch_npu's ATB binding (`torch_npu.atb.npu_multi_head_latent_attention`);
-limits after CANN ATB MultiLatentAttentionOperation (ascendtb_01_0195): MQA only (one kv
-head), L + R <= 576, block_size <= 128, float16/bfloat16 (float32: simulation only), and
-every input a dense ND tensor.
+limits after CANN ATB MultiLatentAttentionOperation (ascendtb_01_0195; ATB
+multi_latent_attention_operation.cpp, fia_shapes.py): MQA only (one kv head), L 512 and R
+64, headNum in {8, 16, 32, 64, 128}, block_size 128, float16/bfloat16 (float32:
+simulation only), and every input a dense ND tensor.
 """
 from __future__ import annotations
 
@@ -22,10 +23,9 @@ import torch
 from vllm_npu.ops.sim import paged_decode
 from vllm_npu.ops.sim.attention import attend_padded, gather_paged
 from vllm_npu.ops.sim.checks import NPUOpError, check_contiguous, check_dim, check_dtype
+from vllm_npu.ops.sim.fia_shapes import check_atb_mla
 
-MLA_MAX_HEAD_SIZE = 576
 MLA_MAX_BATCH = 8192
-_WIDE_HEAD_MAX_BLOCK = 128  # ATB MLA: block_size <= 128
 _INT_MAX = 2147483647
 
 
@@ -78,9 +78,7 @@ def npu_multi_head_latent_attention(q_nope: torch.Tensor, q_rope: torch.Tensor,
                          f"{tuple(q_rope.shape)}, ctkv {tuple(ctkv.shape)}, k_rope "
                          f"{tuple(k_rope.shape)} do not fit [B, N, L] / [B, N, R] / "
                          "[blocks, bs, 1, L] / [blocks, bs, 1, R]")
-    if L + R > MLA_MAX_HEAD_SIZE or bs > _WIDE_HEAD_MAX_BLOCK:
-        raise NPUOpError(f"{op}: L+R={L + R} (max {MLA_MAX_HEAD_SIZE}), block_size={bs} "
-                         f"(max {_WIDE_HEAD_MAX_BLOCK})")
+    check_atb_mla(op, N, L, R, bs)
     if B > MLA_MAX_BATCH:
         raise NPUOpError(f"{op}: batch {B} exceeds {MLA_MAX_BATCH}")
     if block_tables.dtype != torch.int32 or block_tables.dim() != 2 \

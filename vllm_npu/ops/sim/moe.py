@@ -211,6 +211,11 @@ def npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiqua
     if group_list_type not in (0, 1):
         raise NPUOpError(f"{op}: group_list_type={group_list_type}; valid: 0 (cumsum), "
                          "1 (counts)")
+    if group_list_type == 1 and groups == 1:
+        # op-plugin torch_npu-npu_grouped_matmul.md: "group_list_type 1: ... the length
+        # cannot be 1" (aclnn_grouped_matmul.cpp checks only != 0; the doc is stricter)
+        raise NPUOpError(f"{op}: a count-type group_list (group_list_type=1) cannot have "
+                         "length 1; pass one group's end with group_list_type=0")
     values = group_list.tolist()
     counts = values if group_list_type == 1 else [b - a for a, b in zip([0] + values, values)]
     if min(counts) < 0 or sum(counts) > x0.shape[0]:
@@ -261,9 +266,13 @@ def _check_per_token_form(op, x0, w, bias, scale, per_token_scale, output_dtype)
     if output_dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise NPUOpError(f"{op}: output_dtype {output_dtype}; the per-token form outputs "
                          "bfloat16 or float16")
-    if s.dtype == torch.bfloat16 and output_dtype != torch.bfloat16:
-        raise NPUOpError(f"{op}: a bfloat16 scale goes with bfloat16 output, not "
-                         f"{output_dtype}")
+    # The per-token rows of the doc's dtype table: bfloat16 scale -> bfloat16 y, float32
+    # scale -> float16 y (vllm-ascend casts the scale to bfloat16 for bf16 models).
+    paired = {torch.bfloat16: torch.bfloat16, torch.float16: torch.float32,
+              torch.float32: torch.float32}[output_dtype]
+    if s.dtype != paired:
+        raise NPUOpError(f"{op}: {output_dtype} output takes a {paired} scale in the per-"
+                         f"token form, got {s.dtype}")
     return output_dtype
 
 

@@ -4,8 +4,9 @@ Semantics and the argument rules the device enforces, from the torch_npu API ref
 (hiascend "ptaoplist" pages for npu_quantize / npu_dynamic_quant / npu_quant_matmul) and
 CANN's aclnnAscendQuantV3 / aclnnDynamicQuant / aclnnQuantMatmulV4:
 
-    npu_quantize       y = round(x / scales + zero_points)   (div_mode=True)
+    npu_quantize       y = round(x / scales + zero_points)   (div_mode=True: aclnnQuantize)
                        y = round(x * scales + zero_points)   (div_mode=False), int8 saturated
+                       scales in x's dtype on both paths (see _check_div_mode_dtypes)
     npu_dynamic_quant  per row (token): scale = max|x| / 127; y = round(x / scale) (symmetric)
     npu_quant_matmul   acc = x1 @ x2 in int32;  int32 bias added to acc;  out = acc * scale
                        (* pertoken_scale per row) (+ float bias) (+ offset for int8 output)
@@ -44,10 +45,14 @@ def npu_quantize(input: torch.Tensor, scales: torch.Tensor, zero_points: torch.T
     if zero_points is not None and zero_points.shape != scales.shape:
         raise NPUOpError(f"{op}: zero_points {tuple(zero_points.shape)} must match scales "
                          f"{tuple(scales.shape)}")
-    if not div_mode:
+    if div_mode:
+        _check_div_mode_dtypes(op, input, scales, zero_points)
+    else:
         if axis not in (-1, -2, input.dim() - 1, input.dim() - 2):
             raise NPUOpError(f"{op}: div_mode=False takes axis -1 or -2, got {axis}")
-        check_dtype(op, "scales", scales)
+        if scales.dtype != input.dtype:  # torch_npu 2.5+ doc: scales in input's dtype
+            raise NPUOpError(f"{op}: div_mode=False needs scales in the input's dtype "
+                             f"{input.dtype}, got {scales.dtype}")
         if zero_points is not None and zero_points.dtype != scales.dtype:
             raise NPUOpError(f"{op}: div_mode=False needs zero_points in the scales' dtype "
                              f"{scales.dtype}, got {zero_points.dtype}")
@@ -59,6 +64,30 @@ def npu_quantize(input: torch.Tensor, scales: torch.Tensor, zero_points: torch.T
     if zero_points is not None:
         y = y + zero_points.float().view(shape)
     return _saturate_int8(y)
+
+
+_DIV_ZERO_POINTS = (torch.int8, torch.uint8, torch.int32)
+
+
+def _check_div_mode_dtypes(op, input, scales, zero_points) -> None:
+    """div_mode=True is aclnnQuantize. Its scales: float32 or bfloat16 (torch_npu's
+    npu_quantize page, Atlas A2/A3), and in x's dtype unless x is float32 (CANN ops-nn
+    aclnnQuantize.md); bfloat16 x takes bfloat16 scales and zero points (CANN 8.0.0
+    aclnnQuantize). The stricter reading of both leaves no scale dtype for a float16 x:
+    float16 models quantise with div_mode=False (as vllm-ascend's quant_per_tensor does)."""
+    if input.dtype == torch.float16:
+        raise NPUOpError(f"{op}: div_mode=True takes no float16 input (its scales must be "
+                         "float32 / bfloat16 and in the input's dtype); quantise float16 "
+                         "with div_mode=False and scales in float16")
+    if scales.dtype != input.dtype:
+        raise NPUOpError(f"{op}: div_mode=True needs scales in the input's dtype "
+                         f"{input.dtype}, got {scales.dtype}")
+    if zero_points is None:
+        return
+    allowed = (torch.bfloat16,) if input.dtype == torch.bfloat16 else _DIV_ZERO_POINTS
+    if zero_points.dtype not in allowed:
+        raise NPUOpError(f"{op}: div_mode=True with {input.dtype} input takes zero_points "
+                         f"in {list(allowed)}, got {zero_points.dtype}")
 
 
 def npu_dynamic_quant(input: torch.Tensor, *, smooth_scales: torch.Tensor | None = None,
