@@ -30,8 +30,7 @@ from vllm_npu.ops.sim.streams import _FACTORIES, _VIEWS
 # what reads no tensor data: shapes, addresses, allocations
 _METADATA = {torch.Tensor.stride, torch.Tensor.storage_offset, torch.Tensor.data_ptr,
              torch.Tensor.is_contiguous, torch.Tensor.untyped_storage,
-             torch.Tensor.element_size, torch.Tensor.dim, torch.Tensor.new_empty,
-             torch.Tensor.new_zeros}
+             torch.Tensor.element_size, torch.Tensor.new_empty, torch.Tensor.new_zeros}
 _local = threading.local()
 
 
