@@ -59,7 +59,9 @@ def _worker_eplb(worker) -> dict:
         for slot, e in enumerate(view.method._local):
             gate, up, down = (tensors[f"{prefix}.{e}.{n}_proj.weight"]
                               for n in ("gate", "up", "down"))
-            ok &= torch.equal(w13[slot], torch.cat([gate, up])) and torch.equal(w2[slot], down)
+            # the checkpoint in the model's dtype: what loading it gives
+            ok &= torch.equal(w13[slot], torch.cat([gate, up]).to(w13.dtype)) \
+                and torch.equal(w2[slot], down.to(w2.dtype))
         consistent[view.layer_id] = ok
     return {"history": [(r.index, r.balancedness_before, r.balancedness_after,
                          r.layers_moved, r.experts_moved, r.rolled_back, r.step)

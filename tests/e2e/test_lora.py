@@ -48,7 +48,7 @@ def _merged(base: str, adapter: str | None):
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])
 def test_two_adapters_and_the_base_in_one_batch_match_merged_hf(tiny_models, adapters,
-                                                                 parity_dtype, mode):
+                                                                 float32_only, mode):
     from vllm import SamplingParams
     from vllm.lora.request import LoRARequest
 
@@ -57,7 +57,7 @@ def test_two_adapters_and_the_base_in_one_batch_match_merged_hf(tiny_models, ada
     requests = [None, LoRARequest("a1", 1, adapters["a1"]),
                 LoRARequest("a2", 2, adapters["a2"])]
     jobs = [(p, r) for p in prompts for r in requests]
-    llm = make_llm(base, parity_dtype, enable_lora=True, max_loras=2, max_lora_rank=8,
+    llm = make_llm(base, float32_only, enable_lora=True, max_loras=2, max_lora_rank=8,
                    enforce_eager=mode == "eager")
     try:
         before = ACLGraphWrapper.stats.replays

@@ -1,25 +1,50 @@
-"""KV-cache sizing on the simulated NPU honours --gpu-memory-utilization against the
-simulated capacity (NPU_SIM_MEMORY_GB), as on a device."""
+"""KV-cache sizing on the simulated NPU, as on a device: the budget is the capacity
+(NPU_SIM_MEMORY_GB) x --gpu-memory-utilization - weights - the profile run's peak
+activations, each checked against a count made from the model's shapes."""
 from __future__ import annotations
-
-import pytest
 
 from tests.helpers.engine import make_llm, shutdown
 
 GiB = 1 << 30
 
 
-def test_kv_blocks_scale_with_gpu_memory_utilization(tiny_models, parity_dtype, monkeypatch):
+def test_peak_activations_match_an_independent_count(tiny_models, float32_only, monkeypatch):
+    """The profile run's peak activation bytes against a count from the model's shapes
+    (tiny llama, float32, T = 4,096 tokens in the profile batch; per token):
+    - at least what must be alive while the MLP's activation runs: the residual and the
+      normed input [H] each, the gate/up output [2I] and the activation's output [I];
+    - at most every activation one decoder layer makes, all alive at once, plus the
+      embedding output: input norm, qkv, rotated q and k, attention, o_proj, residual,
+      post-attention norm [H, q+2kv, q+kv, q, H, H, H], gate/up, activation, down [2I, I, H].
+    A tracker that missed the activations (0) or counted each op's inputs again falls
+    outside. The weights are counted from HF's parameters and the KV blocks fill the rest
+    of the budget: 1 GiB x 0.5 - weights - activations."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     monkeypatch.setenv("NPU_SIM_MEMORY_GB", "1")
-    path = tiny_models["llama"]
-    blocks = {}
-    for util in (0.3, 0.6):
-        llm = make_llm(path, parity_dtype, gpu_memory_utilization=util,
-                       num_gpu_blocks_override=None, max_model_len=512,
-                       max_num_batched_tokens=512, enable_sleep_mode=False)
-        blocks[util] = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
+    path, tokens = tiny_models["llama"], 4096
+    llm = make_llm(path, float32_only, gpu_memory_utilization=0.5, num_gpu_blocks_override=None,
+                   max_num_batched_tokens=tokens, enable_sleep_mode=False, enforce_eager=True)
+    try:
+        worker = llm.llm_engine.model_executor.driver_worker.worker
+        profiled = dict(worker.profiled_bytes)
+        blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
+    finally:
         shutdown(llm)
-    # tiny llama: 2 layers x (K, V) x 128 tokens x 2 kv heads x 32 dims x 4 bytes
-    page = 2 * 2 * 128 * 2 * 32 * 4
-    assert blocks[0.3] * page <= 0.3 * GiB
-    assert blocks[0.6] - blocks[0.3] == pytest.approx(0.3 * GiB / page, abs=1)
+    c = AutoConfig.from_pretrained(path)
+    h, i, d = c.hidden_size, c.intermediate_size, c.hidden_size // c.num_attention_heads
+    q, kv = c.num_attention_heads * d, c.num_key_value_heads * d
+    low = tokens * (2 * h + 3 * i) * 4
+    high = tokens * (h + (h + q + 2 * kv + q + kv + q + 3 * h) + (3 * i + h)) * 4
+    assert low <= profiled["activations"] <= high, (low, profiled, high)
+    # HF's parameters, with the vocabulary padded to vLLM's multiple of 64 (embedding and
+    # lm_head), plus the rotary cos/sin table [max positions, d] and four scalar
+    # attention scales per layer (q, k, v, prob), all float32
+    hf = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(path).parameters())
+    padded_vocab = -(-c.vocab_size // 64) * 64
+    assert profiled["weights"] == 4 * (hf + 2 * (padded_vocab - c.vocab_size) * h
+                                       + c.max_position_embeddings * d
+                                       + 4 * c.num_hidden_layers)
+    page = c.num_hidden_layers * 2 * 128 * kv * 4  # K and V of 128 tokens, every layer
+    left = int(0.5 * GiB) - profiled["weights"] - profiled["activations"]
+    assert blocks == left // page

@@ -65,9 +65,9 @@ def _close(got, want) -> None:
     assert float((got - want).abs().max()) < TOL, (got, want)
 
 
-def test_offline_embed_classify_and_score_match_hf(models, parity_dtype):
+def test_offline_embed_classify_and_score_match_hf(models, float32_only):
     for kind, path in models.items():
-        llm = make_llm(path, parity_dtype, runner="pooling", enforce_eager=kind != "embed")
+        llm = make_llm(path, float32_only, runner="pooling", enforce_eager=kind != "embed")
         try:
             prompts = [{"prompt_token_ids": p} for p in _prompts(path)]
             if kind == "embed":
@@ -84,10 +84,10 @@ def test_offline_embed_classify_and_score_match_hf(models, parity_dtype):
             shutdown(llm)
 
 
-def test_embeddings_and_score_endpoints(models, parity_dtype, tmp_path):
+def test_embeddings_and_score_endpoints(models, float32_only, tmp_path):
     path = models["embed"]
     text = "hello world the npu"
-    with serve(path, tmp_path, "--runner", "pooling", "--dtype", parity_dtype,
+    with serve(path, tmp_path, "--runner", "pooling", "--dtype", float32_only,
                "--max-model-len", "512") as base:
         by_ids, by_text = (requests.post(f"{base}/v1/embeddings",
                                          json={"model": "tiny", "input": value},
@@ -100,7 +100,7 @@ def test_embeddings_and_score_endpoints(models, parity_dtype, tmp_path):
     _close(by_ids["data"][0]["embedding"], _hf_embedding(path, _prompts(path)[1]))
     _close(by_text["data"][0]["embedding"], _hf_embedding(path, ids))
     rerank = models["score"]
-    with serve(rerank, tmp_path, "--runner", "pooling", "--dtype", parity_dtype,
+    with serve(rerank, tmp_path, "--runner", "pooling", "--dtype", float32_only,
                "--max-model-len", "512") as base:
         reply = requests.post(f"{base}/score", json={"model": "tiny", "text_1": QUERY,
                                                      "text_2": DOCS}, timeout=60).json()

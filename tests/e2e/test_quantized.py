@@ -72,10 +72,10 @@ def _prompts(path: str) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: "-".join(c))
-def engine(request, quantized, parity_dtype):
+def engine(request, quantized, float32_only):
     arch, scheme, mode, fmt = request.param
     path = quantized(arch, scheme, fmt)
-    llm = make_llm(path, parity_dtype, enforce_eager=mode == "eager")
+    llm = make_llm(path, float32_only, enforce_eager=mode == "eager")
     yield arch, scheme, mode, fmt, path, llm
     shutdown(llm)
 

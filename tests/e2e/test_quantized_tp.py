@@ -16,13 +16,13 @@ pytestmark = pytest.mark.usefixtures("spawn_workers")
 
 @pytest.mark.parametrize("scheme,fmt", [("W8A8", "modelslim"), ("W8A8_DYNAMIC", "modelslim"),
                                         ("W8A8_DYNAMIC", "compressed-tensors")])
-def test_tp2_matches_the_sharded_fake_quant_reference(tiny_models, parity_dtype, tmp_path,
+def test_tp2_matches_the_sharded_fake_quant_reference(tiny_models, float32_only, tmp_path,
                                                      scheme, fmt):
     from vllm_npu.testing.quantize_w8a8 import quantize_checkpoint
 
     path = quantize_checkpoint(tiny_models["llama"], str(tmp_path / "q"), scheme, fmt=fmt)
     prompts = [random_prompt(600 + i, n, vocab(path)) for i, n in enumerate((9, 70))]
-    llm = make_llm(path, parity_dtype, tensor_parallel_size=2,
+    llm = make_llm(path, float32_only, tensor_parallel_size=2,
                    distributed_executor_backend="mp", enable_sleep_mode=False)
     try:
         got = generate(llm, prompts, 16)
@@ -73,7 +73,7 @@ def _worker_int8_slots(worker) -> dict:
 
 
 @pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp2", "tp2-ep-eplb"])
-def test_quantised_moe_tp2_matches_the_fake_quant_reference(tmp_path, parity_dtype,
+def test_quantised_moe_tp2_matches_the_fake_quant_reference(tmp_path, float32_only,
                                                             expert_parallel):
     """Qwen3-MoE W8A8_DYNAMIC with its experts split over TP (each rank quantises its half
     of the expert activation); DeepSeek-V3 W8A8 (static attention, dynamic experts) with
@@ -93,7 +93,7 @@ def test_quantised_moe_tp2_matches_the_fake_quant_reference(tmp_path, parity_dty
             "W8A8_DYNAMIC", {}
     path = quantize_checkpoint(src, str(tmp_path / "q"), scheme)
     prompts = [random_prompt(610 + i, n, vocab(path)) for i, n in enumerate((5, 90))]
-    llm = make_llm(path, parity_dtype, tensor_parallel_size=2,
+    llm = make_llm(path, float32_only, tensor_parallel_size=2,
                    distributed_executor_backend="mp", enable_sleep_mode=False, **extra)
     try:
         got = generate(llm, prompts, 24)

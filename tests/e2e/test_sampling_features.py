@@ -27,9 +27,9 @@ def _engine(path: str, dtype: str, backend: str):
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_models, parity_dtype):
+def engine(tiny_models, float32_only):
     path = tiny_models["llama"]
-    llm = _engine(path, parity_dtype, "xgrammar")
+    llm = _engine(path, float32_only, "xgrammar")
     yield "xgrammar", path, llm
     shutdown(llm)
 
@@ -215,11 +215,11 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
-def test_structured_output_choice_regex_and_json(engine, backend, parity_dtype):
+def test_structured_output_choice_regex_and_json(engine, backend, float32_only):
     _, path, llm = engine
     own = None
     if backend != engine[0]:
-        llm = own = _engine(path, parity_dtype, backend)
+        llm = own = _engine(path, float32_only, backend)
     try:
         _check_structured(llm, backend, _prompts(path))
     finally:

@@ -2,7 +2,8 @@
 DeepSeek MTP, through vLLM's proposers and rejection sampler.
 
 Every method's greedy tokens equal HF transformers' (which equal speculation off, see
-test_offline_parity), eagerly and under the default FULL_DECODE_ONLY graphs. The draft
+test_offline_parity), eagerly and (n-gram, draft model) under the default FULL_DECODE_ONLY
+graphs; EAGLE, EAGLE-3 and MTP run under graphs in test_spec_acceptance.py. The draft
 heads are random, so most drafts are rejected and the verification path decides every
 token; the draft model that *is* the target is accepted throughout, which only happens
 when the draft positions' metadata (sequence lengths, slots, block tables) is right.
@@ -57,8 +58,13 @@ def _prompts(path: str) -> list[list[int]]:
     return repetitive + [random_prompt(310, 77, n), random_prompt(311, 1, n)]
 
 
-@pytest.fixture(scope="module", params=[(m, mode) for m in CASES for mode in ("graph", "eager")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+# EAGLE, EAGLE-3 and MTP under graphs: test_spec_acceptance.py (three engines each, with
+# drafts whose acceptance is known); here they run eagerly.
+ENGINES = [(m, mode) for m in CASES for mode in ("graph", "eager")
+           if mode == "eager" or m in ("ngram", "draft_model")]
+
+
+@pytest.fixture(scope="module", params=ENGINES, ids=lambda p: f"{p[0]}-{p[1]}")
 def engine(request, spec_models, parity_dtype):
     method, mode = request.param
     path = spec_models[CASES[method][0]]

@@ -35,14 +35,21 @@ class Agreement:
                 and (max_any is None or self.max <= max_any))
 
 
-def measure(path: str, dtype: str, reference, seeds=REPORT_SEEDS, **engine) -> Agreement:
+def measure(path: str, dtype: str, reference, seeds=REPORT_SEEDS, defaults: bool = False,
+            **engine) -> Agreement:
     """The engine (vLLM's default graph mode) on prompts of several lengths, scored by
-    `reference`, an HF causal LM in the same dtype."""
+    `reference`, an HF causal LM in the same dtype. `defaults`: the engine runs every vLLM
+    default (scheduler, KV budget, block size, max_model_len) and the prompts reach 3,143
+    tokens, past the 2,048-token compressed mask and over several prefill chunks."""
+    from vllm import LLM
+
     from vllm_npu.compilation.acl_graph import ACLGraphWrapper
 
     v = vocab(path)
-    prompts = [random_prompt(s, 5 + 37 * (s % 7), v) for s in seeds]
-    llm = make_llm(path, dtype, enable_sleep_mode=False, **engine)
+    step = 523 if defaults else 37
+    prompts = [random_prompt(s, 5 + step * (s % 7), v) for s in seeds]
+    llm = LLM(path, dtype=dtype, seed=0, **engine) if defaults else \
+        make_llm(path, dtype, enable_sleep_mode=False, **engine)
     replays = ACLGraphWrapper.stats.replays
     try:
         results = greedy_with_logprobs(llm, prompts, MAX_TOKENS)

@@ -10,6 +10,7 @@ import torch
 from vllm_npu.moe.expert_map import (
     ExpertMapError,
     ExpertPlacement,
+    count_pairs,
     dump_placements,
     load_placement,
     to_physical,
@@ -74,3 +75,16 @@ def test_file_round_trip_and_refusals(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ExpertMapError, match="cannot read expert map"):
         load_placement(str(bad), 0, 4, 2)
+
+
+def test_count_pairs_adds_each_real_tokens_slots_and_skips_padding_rows():
+    """Counts per slot equal a bincount of the real rows' slots (a graph batch of 6 holding
+    4 tokens: rows 4 and 5 are padding); without a mask every row counts."""
+    slots = torch.tensor([[0, 3], [3, 1], [2, 0], [3, 3], [1, 1], [0, 2]], dtype=torch.int32)
+    padding = torch.tensor([False] * 4 + [True] * 2)
+    load = torch.full((4,), 7, dtype=torch.int64)
+    count_pairs(load, slots, padding)
+    want = torch.bincount(slots[:4].flatten().long(), minlength=4) + 7
+    assert load.tolist() == want.tolist()
+    count_pairs(load, slots)
+    assert load.tolist() == (want + torch.bincount(slots.flatten().long(), minlength=4)).tolist()

@@ -16,6 +16,7 @@ stream), the protocol of torch_npu's test_aclgraph_update.py and vllm-ascend.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 from typing import Any, Callable, ClassVar
@@ -35,6 +36,8 @@ class GraphStats:
     captures: int = 0
     replays: int = 0
     eager_calls: int = 0
+    # replays per padded batch size (BatchDescriptor.num_tokens)
+    replayed_sizes: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
 
 @dataclasses.dataclass
@@ -98,6 +101,7 @@ class ACLGraphWrapper:
             self.before_replay(ctx, entry.event)
         entry.graph.replay()
         ACLGraphWrapper.stats.replays += 1
+        ACLGraphWrapper.stats.replayed_sizes[desc.num_tokens] += 1
         return entry.output
 
     def _capture_failure(self, desc: BatchDescriptor, error: Exception) -> str:

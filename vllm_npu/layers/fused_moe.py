@@ -173,7 +173,8 @@ class NPUMoEMethodMixin:
                          input_ids: torch.Tensor | None = None) -> torch.Tensor:
         weights, ids = select_experts(layer, x, router_logits)
         slots = expert_map.to_physical(ids, self.log2phy, self.replicas)
-        expert_map.count_pairs(self.expert_load, slots)  # EPLB's load window (graph-capturable)
+        # EPLB's load window (graph-capturable), without a graph batch's padding rows
+        expert_map.count_pairs(self.expert_load, slots, _padding_rows(slots.shape[0]))
         weights = weights.to(x.dtype)
         if layer.apply_router_weight_on_input:  # top-1 (Llama 4): the expert sees x * w
             x, weights = x * weights, torch.ones_like(weights)
@@ -237,6 +238,17 @@ def _initial_placement(config, layer_id: int, experts: int,
             f"experts, but --eplb-config num_redundant_experts={redundant} asks for "
             f"{experts} + {redundant} = {experts + redundant}")
     return placement
+
+
+def _padding_rows(num_rows: int) -> torch.Tensor | None:
+    """vLLM's mask of the rows its runner padded this forward's batch with, when it covers
+    exactly these rows (a drafter's forward or a PCP chunk has none that fits: all count)."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return None
+    padding = get_forward_context().is_padding
+    return padding if padding is not None and padding.shape[0] == num_rows else None
 
 
 def _capturing() -> bool:

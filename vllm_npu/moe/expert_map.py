@@ -121,12 +121,19 @@ def to_physical(topk_ids: torch.Tensor, log2phy: torch.Tensor,
     return log2phy[ids, replica].to(torch.int32)
 
 
-def count_pairs(load: torch.Tensor, slots: torch.Tensor) -> None:
+def count_pairs(load: torch.Tensor, slots: torch.Tensor,
+                padding: torch.Tensor | None = None) -> None:
     """Add a batch's (token, slot) pairs to a per-slot counter: device ops only, so it is
-    captured into graphs with the MoE layer. The counter is the layer's own until EPLB's
-    runtime hands it a row of its load window (eplb/runtime/recorder.py)."""
+    captured into graphs with the MoE layer. `padding` [T] bool marks the rows a graph's
+    batch size added (vLLM's forward-context `is_padding`, refilled before every replay):
+    they route like tokens but are not load, so they add 0. The counter is the layer's own
+    until EPLB's runtime hands it a row of its load window (eplb/runtime/recorder.py)."""
     flat = slots.reshape(-1).long()
-    load.index_add_(0, flat, torch.ones_like(flat))
+    if padding is None:
+        ones = torch.ones_like(flat)
+    else:
+        ones = padding.logical_not().long().unsqueeze(1).expand(slots.shape).reshape(-1)
+    load.index_add_(0, flat, ones)
 
 
 def _read(path: str) -> dict:

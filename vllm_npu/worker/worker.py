@@ -132,6 +132,7 @@ class NPUWorker(Worker):
             self.model_runner.profile_run()
             peak = torch.npu.max_memory_allocated() - weight_bytes
             non_torch = max(0, (total0 - free0) - torch.npu.memory_reserved())
+        self.profiled_bytes = dict(weights=weight_bytes, activations=peak, non_torch=non_torch)
         if explicit is not None:
             return int(explicit)
         total = current_platform.get_device_total_memory(self.local_rank)

@@ -76,27 +76,46 @@ def test_pigeonhole_counts_fix_a_heavy_head() -> None:
     assert imbalance(load[None], plan, 64, 5)[0] <= 1.01
 
 
-def test_lookahead_serves_the_next_window_better_than_flashlb() -> None:
-    """Tuning seed, the families whose drift is a walk: OUT (next window) below our
-    FlashLB's, IN <= 1.02. Memory off: this checks the forecast and the scenario descent
-    alone (memory needs more windows than this; see the domain test below). (The domain
-    family jumps to a new mix at random: no window predicts it.)"""
-    for family in ("zipf", "lognormal", "bursty"):
-        cfg = FamilyConfig(family=family, num_ranks=32, num_layers=4, num_windows=3,
-                           seed=TUNING_SEEDS[0])
-        data = generate_family(cfg)
-        totals = data.sum(axis=1)
-        outs = {}
-        for name in ("flashlb", "lookahead"):
-            pol, prev, out = get_policy(name, **({"memory": 0.0} if name == "lookahead"
-                                                 else {})), None, []
-            for w in range(cfg.num_windows):
-                prev = pol.rebalance(data[w], 32, 9, old_phy2log=prev)
-                out.append(imbalance(totals[w + 1], prev, 32, 9).mean())
-                if name == "lookahead":
-                    assert imbalance(totals[w], prev, 32, 9).mean() <= 1.02
-            outs[name] = np.mean(out)
-        assert outs["lookahead"] < outs["flashlb"], (family, outs)
+def _next_window_out(family: str, seed: int) -> dict[str, float]:
+    """Mean OUT (next window's max/mean) of our FlashLB and of lookahead (memory off) over
+    3 rebalances on 32 ranks x 9 slots; lookahead's IN (the window it saw) <= 1.02."""
+    cfg = FamilyConfig(family=family, num_ranks=32, num_layers=4, num_windows=3, seed=seed)
+    data = generate_family(cfg)
+    totals = data.sum(axis=1)
+    outs = {}
+    for name in ("flashlb", "lookahead"):
+        pol, prev, out = get_policy(name, **({"memory": 0.0} if name == "lookahead"
+                                             else {})), None, []
+        for w in range(cfg.num_windows):
+            prev = pol.rebalance(data[w], 32, 9, old_phy2log=prev)
+            out.append(imbalance(totals[w + 1], prev, 32, 9).mean())
+            if name == "lookahead":
+                assert imbalance(totals[w], prev, 32, 9).mean() <= 1.02
+        outs[name] = float(np.mean(out))
+    return outs
+
+
+# Measured 2026-12-05, mean OUT over the report seeds, FlashLB -> lookahead: zipf 1.2194 ->
+# 1.2059, lognormal 1.1934 -> 1.1827, bursty 1.4162 -> 1.4207 (worse on 3 of 5 seeds):
+# the forecast does not know when a hot expert's burst is over (issue #49's subject).
+BURSTY_REPORT = pytest.mark.xfail(strict=True, reason="lookahead forecasts bursts past their "
+                                  "end on the report seeds (#49)")
+
+
+@pytest.mark.parametrize("family,seeds", [
+    ("zipf", "tuning"), ("lognormal", "tuning"), ("bursty", "tuning"),
+    ("zipf", "report"), ("lognormal", "report"),
+    pytest.param("bursty", "report", marks=BURSTY_REPORT)])
+def test_lookahead_serves_the_next_window_better_than_flashlb(family: str, seeds: str) -> None:
+    """The families whose drift is a walk: OUT (next window) below our FlashLB's, IN <=
+    1.02 — on the tuning seed the defaults were chosen on, and on average over the report
+    seeds, which nothing was tuned on. Memory off: this checks the forecast and the
+    scenario descent alone (memory needs more windows; see the domain test below). (The
+    domain family jumps to a new mix at random: no window predicts it.)"""
+    runs = [_next_window_out(family, s)
+            for s in (TUNING_SEEDS[:1] if seeds == "tuning" else REPORT_SEEDS)]
+    mean = {name: np.mean([r[name] for r in runs]) for name in runs[0]}
+    assert mean["lookahead"] < mean["flashlb"], (family, seeds, runs)
 
 
 def test_readme_example_at_the_exact_optimum_by_default() -> None:
@@ -182,11 +201,13 @@ def test_two_slot_enumeration_declines_what_it_cannot_certify() -> None:
     assert layer_peak(load, solve_layer(load, 3, 2)) == pytest.approx(10.0)
 
 
-def test_lookahead_memory_hedges_domain_jumps() -> None:
-    """Domain family (tuning seed): remembering earlier windows' shares lowers the next
-    window's peak once there is history; a new layer/expert shape starts afresh."""
-    cfg = FamilyConfig(family="domain", num_ranks=32, num_layers=6, num_windows=6,
-                       seed=TUNING_SEEDS[0])
+@pytest.mark.parametrize("seed", [TUNING_SEEDS[0], *REPORT_SEEDS])
+def test_lookahead_memory_hedges_domain_jumps(seed: int) -> None:
+    """Domain family (the tuning seed and every report seed): remembering earlier windows'
+    shares lowers the next window's peak once there is history; a new layer/expert shape
+    starts afresh. (Report seeds measured 2026-12-05: memory 0 -> 0.3 gives 1.490 -> 1.439,
+    1.194 -> 1.162, 1.458 -> 1.451, 1.356 -> 1.351, 1.478 -> 1.413.)"""
+    cfg = FamilyConfig(family="domain", num_ranks=32, num_layers=6, num_windows=6, seed=seed)
     data = generate_family(cfg)
     totals = data.sum(axis=1)
     outs = {}

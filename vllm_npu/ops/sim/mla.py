@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from vllm_npu.ops.sim import paged_decode
-from vllm_npu.ops.sim.attention import attend_padded, gather_paged
+from vllm_npu.ops.sim.attend import attend_padded, gather_paged
 from vllm_npu.ops.sim.checks import NPUOpError, check_contiguous, check_dim, check_dtype
 from vllm_npu.ops.sim.fia_shapes import check_atb_mla
 
