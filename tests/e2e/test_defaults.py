@@ -17,7 +17,8 @@ Reference: HF transformers, greedy, float32, token for token, for every request 
 device: in its bfloat16, a divergence allowed at a near tie, tests/helpers/reference.py).
 The test also checks that the workload really reached the corner it is named after (full
 8,192-token steps, prompts split over steps, decode batches above 128 replayed as graphs,
-the shared prefix served from the cache).
+the shared prefix served from the cache, prefill matmuls on oneDNN's branch as vLLM's
+batches take it, no threshold patched).
 """
 from __future__ import annotations
 
@@ -25,10 +26,12 @@ import functools
 
 import numpy as np
 import pytest
+import torch
 
 from tests.helpers.engine import shutdown, vocab
 from tests.helpers.reference import hf_greedy, random_prompt
 from vllm_npu.compilation.acl_graph import ACLGraphWrapper
+from vllm_npu.ops.sim import linear as sim_linear
 from vllm_npu.testing.tiny_model import DEEPSEEK_V3_MOE
 
 MAX_LEN = 4096  # the models' max_position_embeddings: vLLM's default max_model_len
@@ -40,6 +43,8 @@ FAMILIES = {  # name -> (tiny model, engine arguments beyond the dtype)
                    dict(tensor_parallel_size=2, enable_expert_parallel=True,
                         distributed_executor_backend="mp")),
 }
+
+_ONEDNN = sim_linear._onednn  # whether this torch has oneDNN's linear (the unpatched check)
 
 pytestmark = pytest.mark.usefixtures("spawn_workers")
 
@@ -99,15 +104,18 @@ def run(request, tmp_path_factory, parity_dtype):
     prompts, max_tokens = workload(vocab(path))
     ACLGraphWrapper.stats.replayed_sizes.clear()
     llm = LLM(path, dtype=parity_dtype, **FAMILIES[family][1])
+    onednn = []
     try:
         log = StepLog(llm)
         params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
                   for n in max_tokens]
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params,
-                            use_tqdm=False)
+        with pytest.MonkeyPatch.context() as mp:  # asked only for matmuls of 1,024+ rows
+            mp.setattr(sim_linear, "_onednn", lambda: onednn.append(1) or _ONEDNN())
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                use_tqdm=False)
         config = llm.llm_engine.vllm_config
         yield dict(path=path, prompts=prompts, max_tokens=max_tokens, config=config,
-                   steps=log.steps, sizes=_replayed_sizes(llm),
+                   steps=log.steps, sizes=_replayed_sizes(llm), onednn=len(onednn),
                    got=[list(o.outputs[0].token_ids) for o in outs])
     finally:
         shutdown(llm)
@@ -138,6 +146,9 @@ def test_the_workload_reaches_the_corner(run):
     assert sum(k > 1 for k in prefill_steps.values()) >= 5  # prompts split over chunks
     assert max(len(s) for s in steps) >= 128  # decode batches of every request at once
     assert max(run["sizes"]) >= 128 and len(run["sizes"]) >= 8, run["sizes"]
+    if run["config"].parallel_config.world_size == 1 and run["config"].model_config.dtype \
+            == torch.float32 and _ONEDNN():  # prefill matmuls take oneDNN's branch, unpatched
+        assert run["onednn"] > 0
     # every prompt token and every output but the last is scheduled once, except the
     # shared prefix's cached blocks: 7 full blocks of 128 for each of the 7 later requests
     work = sum(map(len, prompts)) + sum(n - 1 for n in run["max_tokens"])

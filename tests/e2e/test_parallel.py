@@ -9,6 +9,9 @@ from tests.helpers.engine import generate, make_llm, shutdown, vocab
 from tests.helpers.reference import hf_greedy, random_prompt
 from tests.helpers.server import complete, serve
 
+# TP workers start after in-process MoE engines (test_moe_parity, test_defaults): spawn
+pytestmark = pytest.mark.usefixtures("spawn_workers")
+
 
 def _hccl_library_of_model_parallel_groups(worker) -> str:
     from vllm.distributed.parallel_state import get_pp_group, get_tp_group
