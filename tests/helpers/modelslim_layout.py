@@ -39,13 +39,12 @@ import shutil
 
 import torch
 
+from vllm_npu.testing.tiny_model import CORPUS_WORDS  # the tiny tokenizer's training words
+
 SAVERS = ("ascendv1", "v0")
 EPS = torch.finfo(torch.float32).eps
 # ModelSlim's copy_files: the source's .json/.py/.txt/.jinja files, not its weight index
 COPIED_SUFFIXES = (".json", ".py", ".txt", ".jinja")
-WORDS = ("the npu runs vllm with paged attention and a simulated device while tokens flow "
-         "through blocks of cache into every layer of the tiny model hello world ascend "
-         "serving prefix chunk decode prefill sample greedy").split()
 
 
 def deq_scale_as_stored(deq: torch.Tensor, model_dtype: torch.dtype) -> torch.Tensor:
@@ -58,7 +57,7 @@ def deq_scale_as_stored(deq: torch.Tensor, model_dtype: torch.dtype) -> torch.Te
 
 def _calibration_text(seed: int = 7, sentences: int = 8) -> list[str]:
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(30, 90)))
+    return [" ".join(rng.choice(CORPUS_WORDS) for _ in range(rng.randint(30, 90)))
             for _ in range(sentences)]
 
 

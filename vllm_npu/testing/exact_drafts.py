@@ -64,14 +64,12 @@ hidden-state path is the equal draft's.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
-import shutil
 
 import torch
 
-from vllm_npu.testing.tiny_drafts import TOKENIZER_FILES
+from vllm_npu.testing.tiny_drafts import read_config, save_checkpoint
 
 SLOT = 32  # width of a residual slot; slot i is dims [SLOT * i, SLOT * (i + 1))
 CODE = SLOT - 1  # token code in dims [0, CODE), the constant at dim CODE
@@ -126,25 +124,10 @@ def _theta(cfg: dict) -> float:
                  or cfg.get("rope_theta", 10000.0))
 
 
-def _config(path: str) -> dict:
-    with open(os.path.join(path, "config.json")) as f:
-        return json.load(f)
-
-
 def _load(path: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(os.path.join(path, "model.safetensors"))
-
-
-def _save(path: str, weights: dict[str, torch.Tensor], config: dict) -> str:
-    from safetensors.torch import save_file
-
-    save_file({k: v.contiguous() for k, v in weights.items()},
-              os.path.join(path, "model.safetensors"))
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(config, f, indent=1)
-    return path
 
 
 def _no_mlp(h: int, inter: int, p: str) -> dict[str, torch.Tensor]:
@@ -243,7 +226,7 @@ def build_three_token_target(path: str, arch: str = "llama", seed: int = 7) -> s
         return path
     extra = {"num_key_value_heads": 4} if arch == "llama" else {}
     build_tiny_model(path, arch=arch, num_hidden_layers=1, **extra)  # config + tokenizer
-    cfg = _config(path)
+    cfg = read_config(path)
     h, vocab, inter = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]
     if h != 4 * SLOT:
         raise ValueError(f"laid out for hidden_size {4 * SLOT}, not {h}")
@@ -260,7 +243,7 @@ def build_three_token_target(path: str, arch: str = "llama", seed: int = 7) -> s
                    else _mla_layer(cfg, p, 0, CONST, [(1, {1: 1.0}), (2, {2: 1.0})]))
     if set(weights) != set(_load(path)):
         raise AssertionError(f"key mismatch: {sorted(set(weights) ^ set(_load(path)))}")
-    return _save(path, weights, cfg)
+    return save_checkpoint(path, weights, cfg)
 
 
 def _check_kind(kind: str) -> tuple[bool, int]:
@@ -279,7 +262,7 @@ def build_exact_eagle_draft(path: str, target: str, method: str = "eagle",
     wrong, far = _check_kind(kind)
     if os.path.exists(os.path.join(path, "config.json")):
         return path
-    cfg, target_weights = _config(target), _load(target)
+    cfg, target_weights = read_config(target), _load(target)
     h, vocab, inter = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]
     config = dict(cfg, num_hidden_layers=1)
     if method == "eagle":
@@ -322,18 +305,14 @@ def build_exact_eagle_draft(path: str, target: str, method: str = "eagle",
                       eagle_config={"eagle_aux_hidden_state_layer_ids": aux},
                       norm_before_residual=True, draft_vocab_size=vocab,
                       architectures=["LlamaForCausalLMEagle3"])
-    os.makedirs(path, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        if os.path.exists(os.path.join(target, name)):
-            shutil.copy(os.path.join(target, name), path)
-    return _save(path, weights, config)
+    return save_checkpoint(path, weights, config, target)
 
 
 def add_exact_mtp_layer(path: str, kind: str = "equal") -> str:
     """Append to a `build_three_token_target(arch="deepseek_v3")` checkpoint, in place, the
     MTP layer equal to it, wrong (proposing its argmin) or partial (module docstring)."""
     wrong, far = _check_kind(kind)
-    cfg, weights = _config(path), _load(path)
+    cfg, weights = read_config(path), _load(path)
     n, h, inter = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["intermediate_size"]
     new = f"model.layers.{n}"
     if f"{new}.eh_proj.weight" in weights:
@@ -355,4 +334,4 @@ def add_exact_mtp_layer(path: str, kind: str = "equal") -> str:
         f"{new}.embed_tokens.weight": weights["model.embed_tokens.weight"].clone()})
     cfg.update(num_nextn_predict_layers=1,
                first_k_dense_replace=max(cfg.get("first_k_dense_replace") or 0, n + 1))
-    return _save(path, weights, cfg)
+    return save_checkpoint(path, weights, cfg)

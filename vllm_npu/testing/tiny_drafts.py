@@ -24,12 +24,15 @@ import torch
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def _target_config(target: str) -> dict:
-    with open(os.path.join(target, "config.json")) as f:
+def read_config(path: str) -> dict:
+    with open(os.path.join(path, "config.json")) as f:
         return json.load(f)
 
 
-def _write(path: str, config: dict, weights: dict[str, torch.Tensor], target: str) -> str:
+def save_checkpoint(path: str, weights: dict[str, torch.Tensor], config: dict,
+                    tokenizer_from: str | None = None) -> str:
+    """One-file safetensors checkpoint + config.json at `path` (and `tokenizer_from`'s
+    tokenizer files, for a draft beside its target)."""
     from safetensors.torch import save_file
 
     os.makedirs(path, exist_ok=True)
@@ -37,9 +40,9 @@ def _write(path: str, config: dict, weights: dict[str, torch.Tensor], target: st
               os.path.join(path, "model.safetensors"))
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
-    for name in TOKENIZER_FILES:
-        if os.path.exists(os.path.join(target, name)):
-            shutil.copy(os.path.join(target, name), path)
+    for name in TOKENIZER_FILES if tokenizer_from else ():
+        if os.path.exists(os.path.join(tokenizer_from, name)):
+            shutil.copy(os.path.join(tokenizer_from, name), path)
     return path
 
 
@@ -72,7 +75,7 @@ def build_eagle_draft(path: str, target: str, method: str = "eagle", seed: int =
         raise ValueError(f"method={method!r}; valid: 'eagle', 'eagle3'")
     if os.path.exists(os.path.join(path, "config.json")):
         return path
-    cfg = _target_config(target)
+    cfg = read_config(target)
     if cfg.get("model_type") != "llama":
         raise ValueError(f"EAGLE heads here are for Llama targets, not {cfg.get('model_type')}")
     g = torch.Generator().manual_seed(seed)
@@ -82,7 +85,7 @@ def build_eagle_draft(path: str, target: str, method: str = "eagle", seed: int =
     if method == "eagle":
         weights = {"fc.weight": torch.randn(h, 2 * h, generator=g) * scale / (2 * h) ** 0.5}
         weights.update(_llama_layer("layers.0", cfg, g, h, input_norm=False, scale=scale))
-        return _write(path, config, weights, target)
+        return save_checkpoint(path, weights, config, target)
     aux = list(range(cfg["num_hidden_layers"]))  # the input of every target layer
     config.update(eagle_aux_hidden_state_layer_ids=aux, num_aux_hidden_states=len(aux),
                   eagle_config={"eagle_aux_hidden_state_layer_ids": aux}, draft_vocab_size=vocab,
@@ -93,7 +96,7 @@ def build_eagle_draft(path: str, target: str, method: str = "eagle", seed: int =
                "lm_head.weight": torch.randn(vocab, h, generator=g) * scale / h ** 0.5,
                "midlayer.hidden_norm.weight": torch.ones(h)}
     weights.update(_llama_layer("midlayer", cfg, g, 2 * h, input_norm=True, scale=scale))
-    return _write(path, config, weights, target)
+    return save_checkpoint(path, weights, config, target)
 
 
 def add_mtp_layer(path: str, seed: int = 2, scale: float = 1.0) -> str:
@@ -102,7 +105,7 @@ def add_mtp_layer(path: str, seed: int = 2, scale: float = 1.0) -> str:
     checkpoint's last layer, dense or MoE."""
     from safetensors.torch import load_file, save_file
 
-    cfg = _target_config(path)
+    cfg = read_config(path)
     if cfg.get("model_type") != "deepseek_v3":
         raise ValueError(f"MTP layers are DeepSeek-V3's, not {cfg.get('model_type')}")
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
