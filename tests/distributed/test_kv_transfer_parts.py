@@ -354,10 +354,10 @@ def test_launcher_environment_per_instance(monkeypatch, tmp_path):
     assert PDCluster("m", log_dir=tmp_path)._env(None)["VLLM_HOST_IP"] == "127.0.0.1"
 
 
-@pytest.mark.parametrize("results, calls, expect", [([0], 1, 0), ([-1, 0], 2, 0),
-                                                    ([-1, -1, 0], 2, -1)])
-def test_a_failed_kv_write_is_retried_once(results, calls, expect):
-    """The producer's write of a request's blocks (vLLM's `_send_blocks`): one retry after
+@pytest.mark.parametrize("results, calls, expect", [
+    ([0], 1, 0), ([-1, 0], 2, 0), ([-1, -1, 0], 3, 0), ([-1, -1, -1, 0], 3, -1)])
+def test_a_failed_kv_write_is_retried_twice(results, calls, expect):
+    """The producer's write of a request's blocks (vLLM's `_send_blocks`): two retries after
     the transfer engine reports a failure, then the failure goes to the decode side."""
     from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector
 

@@ -60,8 +60,23 @@ def ask(url: str, prompt: list[int], model: str, max_tokens: int = TOKENS,
         "ignore_eos": True, "return_token_ids": True, **extra})
 
 
+_LOG_DIRS: list = []  # the live deployment's log folder, for failure messages
+_WORTH_SHOWING = re.compile(r"ERROR|[Ff]ailed|Retrying|probes|Timeout|LAYOUT")
+
+
+def log_excerpt(lines: int = 40) -> str:
+    """The instances' error and transfer-failure lines, so a failure in CI says why."""
+    out = []
+    for d in _LOG_DIRS[-1:]:
+        for log in sorted(d.glob("*.log")):
+            hits = [ln for ln in log.read_text(errors="replace").splitlines()
+                    if _WORTH_SHOWING.search(ln)]
+            out += [f"--- {log.name}"] + hits[-lines:]
+    return "\n".join(out)
+
+
 def tokens(reply: requests.Response) -> list[int]:
-    assert reply.status_code == 200, reply.text
+    assert reply.status_code == 200, f"{reply.text}\n{log_excerpt()}"
     return reply.json()["choices"][0]["token_ids"]
 
 
@@ -81,6 +96,7 @@ def wait_idle(urls: list[str], timeout_s: float = 60) -> None:
 
 
 def cluster(model: str, log_dir, dtype: str, **kw) -> PDCluster:
+    _LOG_DIRS.append(log_dir)
     return PDCluster(model, serve_args=["--dtype", dtype, *SERVE], log_dir=log_dir,
                      env=FORK, **kw)
 

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
 logger = init_logger(__name__)
+WRITE_ATTEMPTS = 3  # per block write to a decode instance (see _send_blocks)
 
 
 def reorder_split_blocks(plane: torch.Tensor, block_ids: list[int], splits: int) -> None:
@@ -173,18 +174,21 @@ class NPUMooncakeConnectorWorker(upstream.MooncakeConnectorWorker):
 
     def _send_blocks(self, remote_session: str, src_ptrs: list[int], dst_ptrs: list[int],
                      lengths: list[int]) -> int:
-        """One retry of a failed write, on a fresh connection, before the request fails.
+        """Retries of a failed write, each on a fresh connection, before the request fails.
         Mooncake 0.3.13's TCP transport can stall a write for its 30 s timeout when two
         producer ranks (a TP=2 prefill) write to one decode instance at once: the
         receiver stops draining both connections, the client drops them and reports -1
         (tests/e2e/test_pd_disagg.py, 2P1D: 2 of 8 runs on loopback, both ranks at once,
-        the pool on or off); a write on a new connection then goes through. Rewriting the
-        same bytes to the same addresses is harmless: the decode side learns of the
-        blocks only from the notification sent after the write returns."""
+        the pool on or off); a write on a new connection then goes through. One retry was
+        not always enough on a loaded 2-core CI machine (a 2P1D request failed there).
+        Rewriting the same bytes to the same addresses is harmless: the decode side learns
+        of the blocks only from the notification sent after the write returns."""
         ret = super()._send_blocks(remote_session, src_ptrs, dst_ptrs, lengths)
-        if ret != 0:
-            logger.warning("Retrying the write of %d bytes to %s once", sum(lengths),
-                           remote_session)
+        for attempt in range(2, WRITE_ATTEMPTS + 1):
+            if ret == 0:
+                break
+            logger.warning("Retrying the write of %d bytes to %s (attempt %d of %d)",
+                           sum(lengths), remote_session, attempt, WRITE_ATTEMPTS)
             ret = super()._send_blocks(remote_session, src_ptrs, dst_ptrs, lengths)
         return ret
 
