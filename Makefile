@@ -7,7 +7,7 @@ HOST      ?= 127.0.0.1
 PORT      ?= 8000
 SERVE_ARGS ?= --max-model-len 1024
 
-.PHONY: install model serve test bench pd-demo
+.PHONY: install model serve test upstream-test bench pd-demo
 
 install: $(STAMP)
 
@@ -33,6 +33,11 @@ pd-demo: model
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# vLLM 0.33.0's own tests against the plugin, per upstream_tests/allowlist.yaml (one process
+# per file); UPSTREAM=ci runs the slice .ci/run includes. See docs/upstream_tests.md.
+upstream-test: install
+	$(PY) -m upstream_tests.run $(UPSTREAM_ARGS)
 
 bench: install
 	$(PY) benchmarks/step_overhead.py

@@ -1,0 +1,148 @@
+"""The harness that runs vLLM's own tests (upstream_tests/): allow-list validation, the tiny
+hub's tokenizers against the real families' conventions, JUnit parsing, and the pytest
+plugin's per-test modes run on a small generated test file."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from upstream_tests import allowlist, hub
+from upstream_tests.run import outcome_counts, parse_junit
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _load(tmp_path, text: str):
+    path = tmp_path / "allow.yaml"
+    path.write_text(textwrap.dedent(text))
+    return allowlist.load(path)
+
+
+def test_the_shipped_allowlist_is_valid_and_has_a_ci_slice():
+    rules = allowlist.load()
+    assert rules.files_to_run(ci=True)
+    assert set(rules.files_to_run(ci=True)) <= set(rules.files_to_run())
+
+
+@pytest.mark.parametrize("rule, message", [
+    ("{mode: skip}", "mode 'skip'; valid: ('must-pass', 'expected-fail', 'excluded')"),
+    ("{mode: excluded, reason: x}", "excluded needs a class, one of"),
+    ("{mode: expected-fail, class: cuda}", "expected-fail needs a reason"),
+    ("{mode: excluded, class: cuda, reason: x, why: y}", "unknown keys ['why']"),
+])
+def test_a_bad_allowlist_entry_is_refused_with_its_name(tmp_path, rule, message):
+    with pytest.raises(ValueError, match="tests/a.py") as e:
+        _load(tmp_path, f"files:\n  tests/a.py: {rule}\n")
+    assert message in str(e.value)
+
+
+def test_known_failures_need_a_pattern_class_and_reason(tmp_path):
+    with pytest.raises(ValueError, match="known failure needs exactly"):
+        _load(tmp_path, "known_failures:\n  - {match: x, class: cuda}\n")
+    rules = _load(tmp_path, """\
+        known_failures:
+          - {match: g, class: cuda, reason: global}
+        files:
+          tests/a.py:
+            known_failures:
+              - {match: f, class: real-model, reason: own}
+          tests/b.py: {mode: excluded, class: network, reason: downloads}
+        """)
+    assert [k["reason"] for k in rules.entry("tests/a.py")["known_failures"]] == ["own", "global"]
+    assert rules.files_to_run() == ["tests/a.py"]
+    assert list(rules.excluded_files()) == ["tests/b.py"]
+
+
+@pytest.mark.parametrize("hub_id, ids, prompt", [
+    # OPT: `</s>` (id 2) is both BOS and EOS and starts every prompt; `<pad>` is 1
+    ("facebook/opt-125m", dict(bos=2, eos=2, pad=1), None),
+    # Llama 3 Instruct: <|begin_of_text|> first, turns end with <|eot_id|>
+    ("meta-llama/Llama-3.2-1B-Instruct", dict(bos=0, eos=4, pad=None),
+     "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+     "<|start_header_id|>assistant<|end_header_id|>\n\n"),
+    # Qwen3: ChatML, no BOS, EOS <|im_end|>, pad <|endoftext|>
+    ("Qwen/Qwen3-0.6B", dict(bos=None, eos=2, pad=0),
+     "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"),
+])
+def test_hub_tokenizers_carry_the_real_families_special_tokens(tmp_path, hub_id, ids, prompt):
+    from transformers import AutoTokenizer
+
+    path = hub.build(hub_id, root=tmp_path)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == \
+        (ids["bos"], ids["eos"], ids["pad"])
+    encoded = tok("hello world").input_ids
+    assert (encoded[0] == ids["bos"]) == (ids["bos"] is not None)
+    if prompt:
+        assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                       add_generation_prompt=True) == prompt
+    # laid out as the hub cache: refs/main names the snapshot
+    assert (path.parent.parent / "refs" / "main").read_text() == path.name
+
+
+def test_hub_ids_found_in_test_sources():
+    source = 'LLM("facebook/opt-125m")\nmodel = \'Qwen/Qwen3-0.6B\'\n# Qwen/Qwen3-8B in prose'
+    assert hub.used_by(source) == ["facebook/opt-125m", "Qwen/Qwen3-0.6B"]
+
+
+GENERATED = '''
+import pytest
+
+def test_ok():
+    pass
+
+def test_refused():
+    raise ValueError("--block-size 16 is not supported on the NPU: ...")
+
+def test_other_failure():
+    raise ValueError("something else")
+
+@pytest.mark.parametrize("x", [1, 2])
+def test_param(x):
+    assert x == 1
+
+def test_left_out():
+    raise AssertionError("never runs")
+
+class TestGroup:
+    def test_in_class(self):
+        pass
+'''
+
+
+def test_plugin_applies_modes_and_known_failures_per_test(tmp_path):
+    """The plugin on a generated file: expected-fail is strict, excluded is skipped with
+    its class, a known failure counts as expected only when its text matches."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_gen.py").write_text(GENERATED)
+    entry = {"known_failures": [{"match": r"--block-size \d+ is not supported on the NPU",
+                                 "class": "device-rule", "reason": "blocks of 128"}],
+             "tests": {"test_param[2]": {"mode": "expected-fail", "class": "real-model",
+                                         "reason": "wants the real weights"},
+                       "test_left_out": {"mode": "excluded", "class": "network",
+                                         "reason": "downloads"}}}
+    xml = tmp_path / "out.xml"
+    env = dict(os.environ, VLLM_NPU_UPSTREAM_ENTRY=json.dumps(entry),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/test_gen.py", "-p", "upstream_tests.plugin",
+         "-p", "no:cacheprovider", f"--junitxml={xml}", "-o", "junit_family=xunit2"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    got = parse_junit(xml, "tests/test_gen.py")
+    assert got == {
+        "tests/test_gen.py::test_ok": "passed",
+        "tests/test_gen.py::test_refused": "xfailed:device-rule",
+        "tests/test_gen.py::test_other_failure": "failed",
+        "tests/test_gen.py::test_param[1]": "passed",
+        "tests/test_gen.py::test_param[2]": "xfailed:real-model",
+        "tests/test_gen.py::test_left_out": "excluded:network",
+        "tests/test_gen.py::TestGroup::test_in_class": "passed",
+    }
+    assert outcome_counts(got) == {"passed": 3, "xfailed": 2, "excluded": 1, "failed": 1}

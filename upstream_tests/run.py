@@ -1,0 +1,213 @@
+"""Run vLLM 0.33.0's own tests against the NPU plugin, file by file, per the allow-list.
+
+    python -m upstream_tests.run                 # the whole allow-list
+    python -m upstream_tests.run --slice ci      # the CI slice (entries marked `ci: true`)
+    python -m upstream_tests.run tests/v1/core/test_scheduler.py   # chosen files
+    python -m upstream_tests.run --report docs/upstream_tests.md
+
+Prepares on first use, with nothing but the package index: vLLM's `tests/` from the sdist
+`make install` fetched (build/sdist), the test-only packages they import into
+build/upstream/site (kept out of the project's venv, so its own suite is unchanged), and
+the tiny hub models the chosen files name (hub.py). Each file runs in its own pytest
+process (`-p upstream_tests.plugin`) with the hub offline; results come back as JUnit XML
+and end in one pytest-style summary line. Exit status 1 if any test that must pass did not.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+from upstream_tests import allowlist, hub
+
+REPO = Path(__file__).resolve().parent.parent
+VLLM_VERSION = "0.33.0"
+WORK = REPO / "build" / "upstream"
+SRC = WORK / f"vllm-{VLLM_VERSION}"
+SITE = WORK / "site"
+RESULTS = WORK / "results"
+# What vLLM's tests import beyond the project's venv (requirements/test/cuda.in), pure
+# Python, installed without their dependencies (pytest, packaging: the venv's own).
+TEST_PACKAGES = ("tblib", "pytest-asyncio", "pytest-forked", "pytest-rerunfailures", "py")
+FILE_TIMEOUT_S = 900
+OUTCOMES = ("passed", "xfailed", "excluded", "skipped", "failed")
+
+
+def prepare_sources() -> None:
+    if (SRC / "tests" / "conftest.py").exists():
+        return
+    sdist = REPO / "build" / "sdist" / f"vllm-{VLLM_VERSION}.tar.gz"
+    if not sdist.exists():
+        subprocess.run([sys.executable, str(REPO / "tools" / "fetch_sdist.py"), "vllm",
+                        VLLM_VERSION, str(sdist.parent)], check=True, stdout=subprocess.DEVNULL)
+    prefix = f"vllm-{VLLM_VERSION}/"
+    with tarfile.open(sdist) as tar:
+        members = [m for m in tar.getmembers()
+                   if m.name.startswith((prefix + "tests/", prefix + "pyproject.toml"))]
+        tar.extractall(WORK, members=members, filter="data")
+
+
+def prepare_site() -> None:
+    stamp = SITE / ".installed"
+    if stamp.exists() and stamp.read_text() == " ".join(TEST_PACKAGES):
+        return
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    "--no-deps", "--upgrade", "--target", str(SITE), *TEST_PACKAGES],
+                   check=True)
+    stamp.write_text(" ".join(TEST_PACKAGES))
+
+
+def file_env(entry: dict) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "PYTHONPATH": os.pathsep.join([str(SITE), str(SRC), str(REPO)]),
+        "HF_HUB_CACHE": str(hub.ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1", "VLLM_MODEL_REDIRECT_PATH": str(hub.ROOT / "redirect.json"),
+        "VLLM_NPU_UPSTREAM_ENTRY": json.dumps(entry),
+        "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+        # pytest's numbered temp folders apart from a suite running beside
+        "PYTEST_DEBUG_TEMPROOT": str(WORK / "tmp"),
+    })
+    return env
+
+
+def run_file(path: str, entry: dict) -> dict:
+    """One test file in its own pytest process; its outcomes by test id."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (WORK / "tmp").mkdir(exist_ok=True)
+    stem = path.replace("/", "__")
+    xml, log = RESULTS / f"{stem}.xml", RESULTS / f"{stem}.log"
+    xml.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pytest", path, "-q", "-rfE", "-p", "upstream_tests.plugin",
+           "-p", "no:cacheprovider", "-c", str(SRC / "pyproject.toml"), "--rootdir", str(SRC),
+           f"--junitxml={xml}", "-o", "junit_family=xunit2", f"--timeout={FILE_TIMEOUT_S}"]
+    start = time.time()
+    with open(log, "w") as out:
+        try:
+            proc = subprocess.run(cmd, cwd=SRC, env=file_env(entry), stdout=out,
+                                  stderr=subprocess.STDOUT, timeout=FILE_TIMEOUT_S + 60)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    tests = parse_junit(xml, path) if xml.exists() else {}
+    messages = failure_messages(xml, path) if xml.exists() else {}
+    if not tests or rc == "timeout" or (rc not in (0, 1, 5) and "failed" not in tests.values()):
+        tests[f"{path}::<file>"] = "failed"  # crashed, timed out or did not collect
+    result = {"path": path, "rc": rc, "seconds": round(time.time() - start, 1),
+              "tests": tests, "failures": messages, "log": str(log.relative_to(REPO))}
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def stored_result(path: str) -> dict | None:
+    """The last result of `path` from an earlier run, if any."""
+    stored = RESULTS / f"{path.replace('/', '__')}.json"
+    return json.loads(stored.read_text()) if stored.exists() else None
+
+
+CLASS_IN_REASON = re.compile(r"^(?:excluded )?\[([a-z-]+)\]")
+
+
+def _cases(xml: Path, path: str):
+    """(test id, <testcase>) pairs of a JUnit file written for the test file `path`."""
+    module = path.removesuffix(".py").replace("/", ".")
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        cls = case.get("classname", "").removeprefix(module).strip(".")
+        yield "::".join([path, *([cls] if cls else []), case.get("name")]), case
+
+
+def parse_junit(xml: Path, path: str) -> dict[str, str]:
+    """Test id -> outcome; expected failures and exclusions as `outcome:class`."""
+    outcomes = {}
+    for name, case in _cases(xml, path):
+        skipped = case.find("skipped")
+        message = skipped.get("message", "") if skipped is not None else ""
+        found = CLASS_IN_REASON.match(message)
+        if case.find("failure") is not None or case.find("error") is not None:
+            outcome = "failed"
+        elif skipped is not None and skipped.get("type") == "pytest.xfail":
+            outcome = f"xfailed:{found.group(1) if found else '?'}"
+        elif skipped is not None and message.startswith("excluded ["):
+            outcome = f"excluded:{found.group(1)}"
+        elif skipped is not None:
+            outcome = "skipped"
+        else:
+            outcome = "passed"
+        outcomes[name] = outcome
+    return outcomes
+
+
+def failure_messages(xml: Path, path: str) -> dict[str, str]:
+    """Failed test id -> the first line of its failure message (for triage)."""
+    out = {}
+    for test, case in _cases(xml, path):
+        bad = case.find("failure")
+        bad = bad if bad is not None else case.find("error")
+        if bad is not None:
+            out[test] = (bad.get("message") or "").strip().splitlines()[:1]
+            out[test] = out[test][0][:300] if out[test] else ""
+    return out
+
+
+def outcome_counts(tests: dict[str, str]) -> Counter:
+    return Counter(o.split(":")[0] for o in tests.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("files", nargs="*", help="run only these files (paths under tests/)")
+    ap.add_argument("--slice", choices=("full", "ci"),
+                    default=os.environ.get("UPSTREAM", "full"))
+    ap.add_argument("-j", "--jobs", type=int, default=1, help="files run at once")
+    ap.add_argument("--report", type=Path, help="write the per-directory table here")
+    ap.add_argument("--reuse", action="store_true",
+                    help="take each file's last stored result instead of running it again")
+    args = ap.parse_args(argv)
+
+    rules = allowlist.load()
+    chosen = args.files or rules.files_to_run(ci=args.slice == "ci")
+    stored = {f: stored_result(f) for f in chosen} if args.reuse else {}
+    chosen = [f for f in chosen if not stored.get(f)]
+    prepare_sources()
+    prepare_site()
+    hub.build_all(sorted({h for f in chosen for h in hub.used_by((SRC / f).read_text())}))
+
+    start, results = time.time(), [r for r in stored.values() if r]
+    with cf.ThreadPoolExecutor(args.jobs) as pool:
+        futures = {pool.submit(run_file, f, rules.entry(f)): f for f in chosen}
+        for fut in cf.as_completed(futures):
+            r = fut.result()
+            results.append(r)
+            counts = outcome_counts(r["tests"])
+            print(f"{r['path']}: " + ", ".join(f"{counts[o]} {o}" for o in OUTCOMES
+                                                if counts[o]) + f" ({r['seconds']} s)",
+                  flush=True)
+            for test, outcome in sorted(r["tests"].items()):
+                if outcome == "failed":
+                    print(f"    FAILED {test}: {r['failures'].get(test, '')[:160]}",
+                          flush=True)
+    wall = sum(r["seconds"] for r in results) if args.reuse else time.time() - start
+    results.sort(key=lambda r: r["path"])
+    (WORK / f"last-{args.slice}.json").write_text(json.dumps(
+        {"slice": args.slice, "wall_s": round(wall, 1), "files": results}, indent=1))
+    if args.report:
+        from upstream_tests.report import write
+
+        write(args.report, results, rules, wall, reused=args.reuse)
+    total = sum((outcome_counts(r["tests"]) for r in results), Counter())
+    print("= " + ", ".join(f"{total[o]} {o}" for o in OUTCOMES if total[o] or o == "failed")
+          + f" in {len(results)} files, {wall:.1f}s =")
+    return 1 if total["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
