@@ -63,8 +63,7 @@ def test_architecture_gives_hf_tokens(arch_root, parity_dtype, name, mode, tp):
     arch = ARCHS[name]
     path = _build(str(arch_root), name)
     want = _reference(path, name)
-    kwargs = {"enforce_eager": True} if mode == "eager" else {
-        "compilation_config": {"cudagraph_mode": mode}}
+    kwargs = {"compilation_config": {"cudagraph_mode": mode}}
     if tp > 1:
         kwargs.update(tensor_parallel_size=tp, distributed_executor_backend="mp",
                       enable_expert_parallel=arch.moe)
