@@ -49,7 +49,7 @@ def table(results: list[dict], rules: AllowList) -> list[str]:
 
 
 def write(path: Path, results: list[dict], rules: AllowList, wall_s: float,
-          reused: bool = False) -> None:
+          reused: bool = False, slice_name: str = "full") -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
                             capture_output=True, text=True).stdout.strip()
     tests = sum(len(r["tests"]) for r in results)
@@ -63,7 +63,8 @@ def write(path: Path, results: list[dict], rules: AllowList, wall_s: float,
         "    make upstream-test                 # everything the allow-list runs",
         "    UPSTREAM=ci make upstream-test     # the slice .ci/run includes",
         "",
-        f"Latest full run: {datetime.date.today()}, commit {commit}, {len(results)} files, "
+        f"Latest {'full run' if slice_name == 'full' else slice_name + ' slice'}: "
+        f"{datetime.date.today()}, commit {commit}, {len(results)} files, "
         f"{tests} test ids, {wall_s / 60:.1f} min "
         + ("of per-file run time, summed (files run one at a time, in several batches)"
            if reused else "wall time") + " on a 2-core machine.",

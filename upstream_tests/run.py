@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
@@ -92,12 +94,18 @@ def run_file(path: str, entry: dict) -> dict:
            f"--junitxml={xml}", "-o", "junit_family=xunit2", f"--timeout={FILE_TIMEOUT_S}"]
     start = time.time()
     with open(log, "w") as out:
+        # its own session: whatever the file started (engine cores, servers, workers) is
+        # killed with it, even when pytest itself was killed or timed out
+        proc = subprocess.Popen(cmd, cwd=SRC, env=file_env(entry), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            proc = subprocess.run(cmd, cwd=SRC, env=file_env(entry), stdout=out,
-                                  stderr=subprocess.STDOUT, timeout=FILE_TIMEOUT_S + 60)
-            rc = proc.returncode
+            rc = proc.wait(timeout=FILE_TIMEOUT_S + 60)
         except subprocess.TimeoutExpired:
             rc = "timeout"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     tests = parse_junit(xml, path) if xml.exists() else {}
     messages = failure_messages(xml, path) if xml.exists() else {}
     if not tests or rc == "timeout" or (rc not in (0, 1, 5) and "failed" not in tests.values()):
@@ -170,13 +178,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-j", "--jobs", type=int, default=1, help="files run at once")
     ap.add_argument("--report", type=Path, help="write the per-directory table here")
     ap.add_argument("--reuse", action="store_true",
-                    help="take each file's last stored result instead of running it again")
+                    help="run nothing: report each file's last stored result")
     args = ap.parse_args(argv)
 
     rules = allowlist.load()
     chosen = args.files or rules.files_to_run(ci=args.slice == "ci")
     stored = {f: stored_result(f) for f in chosen} if args.reuse else {}
-    chosen = [f for f in chosen if not stored.get(f)]
+    if args.reuse:
+        missing = [f for f in chosen if not stored[f]]
+        if missing:
+            print(f"no stored result yet for {len(missing)} files (not in the report): "
+                  + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else ""))
+        chosen = []
     prepare_sources()
     prepare_site()
     hub.build_all(sorted({h for f in chosen for h in hub.used_by((SRC / f).read_text())}))
@@ -202,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         from upstream_tests.report import write
 
-        write(args.report, results, rules, wall, reused=args.reuse)
+        write(args.report, results, rules, wall, reused=args.reuse, slice_name=args.slice)
     total = sum((outcome_counts(r["tests"]) for r in results), Counter())
     print("= " + ", ".join(f"{total[o]} {o}" for o in OUTCOMES if total[o] or o == "failed")
           + f" in {len(results)} files, {wall:.1f}s =")
