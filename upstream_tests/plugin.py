@@ -22,6 +22,7 @@ in their sources:
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import os
@@ -101,6 +102,7 @@ def pytest_plugin_registered(plugin, manager):
         _set_default(runner.__init__, "block_size", NPU_TEST_BLOCK_SIZE)
 
 
+@functools.cache
 def _entry() -> dict:
     raw = os.environ.get(ENTRY_ENV)
     return json.loads(raw) if raw else {}

@@ -82,11 +82,16 @@ def file_env(entry: dict) -> dict[str, str]:
     return env
 
 
+def _stem(path: str) -> str:
+    """The file name its log, JUnit XML and JSON result are stored under."""
+    return path.replace("/", "__")
+
+
 def run_file(path: str, entry: dict) -> dict:
     """One test file in its own pytest process; its outcomes by test id."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (WORK / "tmp").mkdir(exist_ok=True)
-    stem = path.replace("/", "__")
+    stem = _stem(path)
     xml, log = RESULTS / f"{stem}.xml", RESULTS / f"{stem}.log"
     xml.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pytest", path, "-q", "-rfE", "-p", "upstream_tests.plugin",
@@ -106,8 +111,8 @@ def run_file(path: str, entry: dict) -> dict:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    tests = parse_junit(xml, path) if xml.exists() else {}
-    messages = failure_messages(xml, path) if xml.exists() else {}
+    messages: dict[str, str] = {}
+    tests = parse_junit(xml, path, messages) if xml.exists() else {}
     if not tests or rc == "timeout" or (rc not in (0, 1, 5) and "failed" not in tests.values()):
         tests[f"{path}::<file>"] = "failed"  # crashed, timed out or did not collect
     result = {"path": path, "rc": rc, "seconds": round(time.time() - start, 1),
@@ -118,30 +123,31 @@ def run_file(path: str, entry: dict) -> dict:
 
 def stored_result(path: str) -> dict | None:
     """The last result of `path` from an earlier run, if any."""
-    stored = RESULTS / f"{path.replace('/', '__')}.json"
+    stored = RESULTS / f"{_stem(path)}.json"
     return json.loads(stored.read_text()) if stored.exists() else None
 
 
 CLASS_IN_REASON = re.compile(r"^(?:excluded )?\[([a-z-]+)\]")
 
 
-def _cases(xml: Path, path: str):
-    """(test id, <testcase>) pairs of a JUnit file written for the test file `path`."""
-    module = path.removesuffix(".py").replace("/", ".")
+def parse_junit(xml: Path, path: str,
+                messages: dict[str, str] | None = None) -> dict[str, str]:
+    """Test id -> outcome; expected failures and exclusions as `outcome:class`. With
+    `messages`, each failed test's first message line goes there too (for triage)."""
+    outcomes, module = {}, path.removesuffix(".py").replace("/", ".")
     for case in ET.parse(xml).getroot().iter("testcase"):
         cls = case.get("classname", "").removeprefix(module).strip(".")
-        yield "::".join([path, *([cls] if cls else []), case.get("name")]), case
-
-
-def parse_junit(xml: Path, path: str) -> dict[str, str]:
-    """Test id -> outcome; expected failures and exclusions as `outcome:class`."""
-    outcomes = {}
-    for name, case in _cases(xml, path):
+        name = "::".join([path, *([cls] if cls else []), case.get("name")])
         skipped = case.find("skipped")
         message = skipped.get("message", "") if skipped is not None else ""
         found = CLASS_IN_REASON.match(message)
-        if case.find("failure") is not None or case.find("error") is not None:
+        bad = case.find("failure")
+        bad = bad if bad is not None else case.find("error")
+        if bad is not None:
             outcome = "failed"
+            if messages is not None:
+                first = (bad.get("message") or "").strip().split("\n", 1)[0]
+                messages[name] = first[:300]
         elif skipped is not None and skipped.get("type") == "pytest.xfail":
             outcome = f"xfailed:{found.group(1) if found else '?'}"
         elif skipped is not None and message.startswith("excluded ["):
@@ -152,18 +158,6 @@ def parse_junit(xml: Path, path: str) -> dict[str, str]:
             outcome = "passed"
         outcomes[name] = outcome
     return outcomes
-
-
-def failure_messages(xml: Path, path: str) -> dict[str, str]:
-    """Failed test id -> the first line of its failure message (for triage)."""
-    out = {}
-    for test, case in _cases(xml, path):
-        bad = case.find("failure")
-        bad = bad if bad is not None else case.find("error")
-        if bad is not None:
-            out[test] = (bad.get("message") or "").strip().splitlines()[:1]
-            out[test] = out[test][0][:300] if out[test] else ""
-    return out
 
 
 def outcome_counts(tests: dict[str, str]) -> Counter:
