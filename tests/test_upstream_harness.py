@@ -69,6 +69,9 @@ def test_known_failures_need_a_pattern_class_and_reason(tmp_path):
     # Qwen3: ChatML, no BOS, EOS <|im_end|>, pad <|endoftext|>
     ("Qwen/Qwen3-0.6B", dict(bos=None, eos=2, pad=0),
      "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"),
+    # R1 distilled: DeepSeek's sentence tokens, the answer opens with <think>
+    ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", dict(bos=0, eos=1, pad=None),
+     "<｜begin▁of▁sentence｜><｜User｜>hi<｜Assistant｜><think>\n"),
 ])
 def test_hub_tokenizers_carry_the_real_families_special_tokens(tmp_path, hub_id, ids, prompt):
     from transformers import AutoTokenizer
@@ -113,6 +116,10 @@ def test_left_out():
 class TestGroup:
     def test_in_class(self):
         pass
+
+@pytest.mark.parametrize("name", ["org/a", "other/b[1]"])
+def test_named(name):
+    assert name.startswith("org/")
 '''
 
 
@@ -126,7 +133,10 @@ def test_plugin_applies_modes_and_known_failures_per_test(tmp_path):
              "tests": {"test_param[2]": {"mode": "expected-fail", "class": "real-model",
                                          "reason": "wants the real weights"},
                        "test_left_out": {"mode": "excluded", "class": "network",
-                                         "reason": "downloads"}}}
+                                         "reason": "downloads"},
+                       # a wildcard: `*` matches anything, brackets are literal
+                       "test_named[*other/b[*]": {"mode": "excluded", "class": "network",
+                                                  "reason": "downloads"}}}
     xml = tmp_path / "out.xml"
     env = dict(os.environ, VLLM_NPU_UPSTREAM_ENTRY=json.dumps(entry),
                PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
@@ -144,5 +154,59 @@ def test_plugin_applies_modes_and_known_failures_per_test(tmp_path):
         "tests/test_gen.py::test_param[2]": "xfailed:real-model",
         "tests/test_gen.py::test_left_out": "excluded:network",
         "tests/test_gen.py::TestGroup::test_in_class": "passed",
+        "tests/test_gen.py::test_named[org/a]": "passed",
+        "tests/test_gen.py::test_named[other/b[1]]": "excluded:network",
     }
-    assert outcome_counts(got) == {"passed": 3, "xfailed": 2, "excluded": 1, "failed": 1}
+    assert outcome_counts(got) == {"passed": 4, "xfailed": 2, "excluded": 2, "failed": 1}
+
+
+def test_a_module_failing_to_import_for_a_known_reason_is_an_expected_failure(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_known.py").write_text(
+        "raise OSError(\"We couldn't connect to 'https://huggingface.co' to load this file\")\n")
+    (tmp_path / "tests" / "test_other.py").write_text("raise ImportError('no such module')\n")
+    entry = {"known_failures": [{"match": "We couldn't connect to 'https://huggingface.co'",
+                                 "class": "network", "reason": "downloads"}]}
+    env = dict(os.environ, VLLM_NPU_UPSTREAM_ENTRY=json.dumps(entry),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
+    got = {}
+    for name in ("test_known", "test_other"):
+        xml = tmp_path / f"{name}.xml"
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", f"tests/{name}.py", "-p", "upstream_tests.plugin",
+             "-p", "no:cacheprovider", f"--junitxml={xml}", "-o", "junit_family=xunit2"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        got[name] = (proc.returncode, sorted(parse_junit(xml, f"tests/{name}.py").values()))
+    # 5: pytest collected no test, which the runner accepts; 2: a collection error
+    assert got == {"test_known": (5, ["xfailed:network"]), "test_other": (2, ["failed"])}
+
+
+STORED_RUN = """<testsuites><testsuite>
+<testcase classname="tests.test_s" name="test_ok"/>
+<testcase classname="tests.test_s" name="test_net"><failure message="OSError: offline">
+Traceback: We couldn't connect to 'https://huggingface.co'</failure></testcase>
+<testcase classname="tests.test_s" name="test_bad"><failure message="ValueError: x"/></testcase>
+<testcase classname="tests.test_s" name="test_now_xfail[a]"/>
+<testcase classname="tests.test_s.TestA" name="test_now_excluded"><failure message="e"/>
+</testcase>
+</testsuite></testsuites>"""
+
+
+def test_stored_results_are_rejudged_under_the_allowlist_as_it_is_now(tmp_path):
+    """An allow-list edit applies to results already stored (runs span sessions): a known
+    failure text, a strict expected failure that passed, an exclusion by wildcard."""
+    xml = tmp_path / "r.xml"
+    xml.write_text(STORED_RUN)
+    entry = {"known_failures": [{"match": "couldn't connect to 'https://huggingface.co'",
+                                 "class": "network", "reason": "r"}],
+             "tests": {"test_now_xfail": {"mode": "expected-fail", "class": "cuda",
+                                          "reason": "r"},
+                       "TestA::*": {"mode": "excluded", "class": "other-device",
+                                    "reason": "r"}}}
+    assert parse_junit(xml, "tests/test_s.py", entry=entry) == {
+        "tests/test_s.py::test_ok": "passed",
+        "tests/test_s.py::test_net": "xfailed:network",
+        "tests/test_s.py::test_bad": "failed",
+        "tests/test_s.py::test_now_xfail[a]": "failed",  # strict: it passed
+        "tests/test_s.py::TestA::test_now_excluded": "excluded:other-device",
+    }

@@ -32,6 +32,10 @@ CLASSES = {
     "test-deps": "needs a package the simulated stack does not install",
     "simulator": ("asks torch for the accelerator device the simulated NPU does not register "
                   "(it runs on the host); torch_npu provides one on a device"),
+    "platform-default": ("asserts a default or limit of vLLM's in-tree platforms that the NPU "
+                         "platform sets otherwise by design (the reason names where)"),
+    "npu-unsupported": ("a feature the NPU platform does not offer yet; it refuses it at "
+                        "startup with an error naming what is valid"),
     "upstream-broken": "fails on every platform at v0.33.0: the test and vLLM's code disagree",
     "plugin-bug": "a plugin bug, while it is being fixed",
 }

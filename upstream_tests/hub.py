@@ -85,6 +85,16 @@ GEMMA = Tokens(("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_
 DEEPSEEK = Tokens(("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>",
                    "<｜Assistant｜>"), bos="<｜begin▁of▁sentence｜>",
                   eos="<｜end▁of▁sentence｜>", prepend_bos=True, chat_template=DEEPSEEK_CHAT)
+# R1's distilled models: Qwen 2.5 weights, DeepSeek's sentence and role tokens, and the
+# thinking markers; the real template opens the answer with "<think>\n".
+DEEPSEEK_R1 = Tokens(DEEPSEEK.specials + ("<think>", "</think>"),
+                     bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>",
+                     prepend_bos=True,
+                     chat_template=DEEPSEEK_CHAT.replace("<｜Assistant｜>{% endif %}",
+                                                         "<｜Assistant｜><think>\n{% endif %}"))
+ERNIE45_THINKING = Tokens(("<unk>", "<s>", "</s>", "<think>", "</think>", "<response>",
+                           "</response>", "<tool_call>", "</tool_call>"), bos="<s>",
+                          eos="</s>", unk="<unk>")
 
 
 @dataclass(frozen=True)
@@ -92,10 +102,13 @@ class Recipe:
     arch: str                       # a vllm_npu.testing builder: tiny_model or tiny_archs
     tokens: Tokens
     config: dict = field(default_factory=dict)  # config.json keys set after building
+    # config attributes set before the weights are made: the real model's widths where
+    # tests read them (prompt embeds of the real hidden size), depth and FFN stay tiny
+    shape: dict = field(default_factory=dict)
 
     def revision(self) -> str:
-        text = json.dumps([HUB_FORMAT, self.arch, repr(self.tokens), self.config],
-                          sort_keys=True)
+        text = json.dumps([HUB_FORMAT, self.arch, repr(self.tokens), self.config]
+                          + ([self.shape] if self.shape else []), sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()
 
 
@@ -127,12 +140,20 @@ def _ctx(n: int) -> dict:
 
 
 HUB: dict[str, Recipe] = {
-    "facebook/opt-125m": Recipe("opt", OPT),
-    "facebook/opt-350m": Recipe("opt", OPT),
+    # the real widths; the head untied: tied to embeddings this wide, two random layers
+    # would echo the last token forever
+    "facebook/opt-125m": Recipe("opt", OPT, shape=dict(
+        hidden_size=768, num_attention_heads=12, word_embed_proj_dim=768,
+        tie_word_embeddings=False)),
+    # 350m: post-LayerNorm, embeddings of 512 projected in and out of the 1024-wide layers
+    "facebook/opt-350m": Recipe("opt", OPT, shape=dict(
+        hidden_size=1024, num_attention_heads=16, word_embed_proj_dim=512,
+        do_layer_norm_before=False, tie_word_embeddings=False)),
     "Qwen/Qwen3-0.6B": Recipe("qwen3", QWEN, _ctx(40960)),
     "Qwen/Qwen3-1.7B": Recipe("qwen3", QWEN, _ctx(40960)),
     "Qwen/Qwen3-4B": Recipe("qwen3", QWEN, _ctx(40960)),
     "Qwen/Qwen3-8B": Recipe("qwen3", QWEN, _ctx(40960)),
+    "Qwen/Qwen3-32B": Recipe("qwen3", QWEN, _ctx(40960)),
     "Qwen/Qwen2.5-1.5B-Instruct": Recipe("qwen2", QWEN, _ctx(32768)),
     "Qwen/Qwen2.5-0.5B-Instruct": Recipe("qwen2", QWEN, _ctx(32768)),
     "Qwen/Qwen1.5-7B": Recipe("qwen2", QWEN_BASE, _ctx(32768)),
@@ -145,11 +166,15 @@ HUB: dict[str, Recipe] = {
     "hmellor/tiny-random-LlamaForCausalLM": Recipe("llama", LLAMA2),
     "JackFram/llama-68m": Recipe("llama", LLAMA2),
     "TinyLlama/TinyLlama-1.1B-Chat-v1.0": Recipe("llama", TINYLLAMA_CHAT),
-    "openai-community/gpt2": Recipe("gpt2", GPT2),
-    "distilbert/distilgpt2": Recipe("gpt2", GPT2),
+    # GPT-2's 1024 learned positions (the model's context length)
+    "openai-community/gpt2": Recipe("gpt2", GPT2, shape=dict(n_positions=1024)),
+    "distilbert/distilgpt2": Recipe("gpt2", GPT2, shape=dict(n_positions=1024)),
     "google/gemma-3-1b-it": Recipe("gemma3", GEMMA, _ctx(32768)),
     "deepseek-ai/DeepSeek-V2-Lite": Recipe("deepseek_v2", DEEPSEEK, _ctx(163840)),
     "deepseek-ai/DeepSeek-V2-Lite-Chat": Recipe("deepseek_v2", DEEPSEEK, _ctx(163840)),
+    "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": Recipe("qwen2", DEEPSEEK_R1, _ctx(131072)),
+    "baidu/ERNIE-4.5-21B-A3B-Thinking": Recipe("ernie45_moe", ERNIE45_THINKING,
+                                               _ctx(131072)),
 }
 
 ROOT = Path(__file__).resolve().parent.parent / "build" / "upstream" / "hub"
@@ -218,6 +243,8 @@ def build(hub_id: str, root: Path = ROOT) -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(tmp, recipe.tokens)
     config, router, scale = _config(recipe.arch, tok, recipe.tokens)
+    for key, value in recipe.shape.items():
+        setattr(config, key, value)
     save_random_model(str(tmp), config, tok, seed=0, weight_scale=scale, router_params=router)
     if recipe.config:
         data = json.loads((tmp / "config.json").read_text())

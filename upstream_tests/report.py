@@ -9,6 +9,7 @@ from pathlib import Path
 from upstream_tests.allowlist import CLASSES, AllowList
 
 REPO = Path(__file__).resolve().parent.parent
+KEPT_SECTION = "## Where the full run stands"
 
 
 def _directory(path: str) -> str:
@@ -48,6 +49,14 @@ def table(results: list[dict], rules: AllowList) -> list[str]:
     return lines
 
 
+def _provenance(results: list[dict]) -> str:
+    """Where stored per-file results came from: their run dates and commits."""
+    dates = sorted({r["date"] for r in results if "date" in r})
+    commits = sorted({r["commit"] for r in results if "commit" in r})
+    return (f"stored per-file results of runs on {', '.join(dates)}"
+            + (f" at commits {', '.join(commits)}" if commits else ""))
+
+
 def write(path: Path, results: list[dict], rules: AllowList, wall_s: float,
           reused: bool = False, slice_name: str = "full") -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
@@ -63,11 +72,13 @@ def write(path: Path, results: list[dict], rules: AllowList, wall_s: float,
         "    make upstream-test                 # everything the allow-list runs",
         "    UPSTREAM=ci make upstream-test     # the slice .ci/run includes",
         "",
-        f"Latest {'full run' if slice_name == 'full' else slice_name + ' slice'}: "
+        f"Latest {'full run' if slice_name == 'full' else slice_name + ' slice'}"
+        + (" (assembled from stored per-file results)" if reused else "") + ": "
         f"{datetime.date.today()}, commit {commit}, {len(results)} files, "
         f"{tests} test ids, {wall_s / 60:.1f} min "
-        + ("of per-file run time, summed (files run one at a time, in several batches)"
-           if reused else "wall time") + " on a 2-core machine.",
+        + (f"of per-file run time, summed ({_provenance(results)}; outcomes judged under "
+           "the allow-list at this commit)" if reused else "wall time")
+        + " on a 2-core machine.",
         "",
         *table(results, rules),
         "",
@@ -75,6 +86,9 @@ def write(path: Path, results: list[dict], rules: AllowList, wall_s: float,
         "reason):",
         "",
         *(f"- `{name}`: {text}" for name, text in CLASSES.items()),
+        "- `?`: the test's own xfail marker (upstream's, no allow-list entry)",
         "",
     ]
-    path.write_text("\n".join(lines))
+    # the hand-written section after the table (what is left, how a file is run) stays
+    kept = path.read_text().partition(KEPT_SECTION)[2] if path.exists() else ""
+    path.write_text("\n".join(lines) + (KEPT_SECTION + kept if kept else ""))

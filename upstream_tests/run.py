@@ -37,15 +37,18 @@ WORK = REPO / "build" / "upstream"
 SRC = WORK / f"vllm-{VLLM_VERSION}"
 SITE = WORK / "site"
 RESULTS = WORK / "results"
-# What vLLM's tests import beyond the project's venv (requirements/test/cuda.in), pure
-# Python, installed without their dependencies (pytest, packaging: the venv's own).
-TEST_PACKAGES = ("tblib", "pytest-asyncio", "pytest-forked", "pytest-rerunfailures", "py")
-FILE_TIMEOUT_S = 900
+# What vLLM's tests import beyond the project's venv (requirements/test/cuda.in; the
+# Cohere parsers' cohere-melody, the Cohere API tests' SDK), installed without their
+# dependencies: the venv has the rest (pytest, packaging, httpx, pydantic, tokenizers).
+TEST_PACKAGES = ("tblib", "pytest-asyncio", "pytest-forked", "pytest-rerunfailures", "py",
+                 "cohere-melody", "cohere", "fastavro", "types-requests")
+FILE_TIMEOUT_S = 900   # one test (pytest-timeout)
+FILE_LIMIT_TESTS = 3   # a whole file: this many tests' worth
 OUTCOMES = ("passed", "xfailed", "excluded", "skipped", "failed")
 
 
 def prepare_sources() -> None:
-    if (SRC / "tests" / "conftest.py").exists():
+    if (SRC / "tests" / "conftest.py").exists() and (SRC / "examples").is_dir():
         return
     sdist = REPO / "build" / "sdist" / f"vllm-{VLLM_VERSION}.tar.gz"
     if not sdist.exists():
@@ -54,7 +57,9 @@ def prepare_sources() -> None:
     prefix = f"vllm-{VLLM_VERSION}/"
     with tarfile.open(sdist) as tar:
         members = [m for m in tar.getmembers()
-                   if m.name.startswith((prefix + "tests/", prefix + "pyproject.toml"))]
+                   # examples/: the chat templates the tests load from it
+                   if m.name.startswith((prefix + "tests/", prefix + "examples/",
+                                         prefix + "pyproject.toml"))]
         tar.extractall(WORK, members=members, filter="data")
 
 
@@ -71,7 +76,14 @@ def prepare_site() -> None:
 def file_env(entry: dict) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
-        "PYTHONPATH": os.pathsep.join([str(SITE), str(SRC), str(REPO)]),
+        # tests/vllm_test_utils: a helper package upstream CI pip-installs from the tree
+        "PYTHONPATH": os.pathsep.join([str(SITE), str(SRC), str(SRC / "tests" / "vllm_test_utils"),
+                                       str(REPO)]),
+        # the harness plugin by environment, not `-p`: pytest processes the tests start
+        # themselves (pytester, subprocess checks) load it too
+        "PYTEST_PLUGINS": "upstream_tests.plugin",
+        # the venv's console scripts (`vllm serve` in the server tests)
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         "HF_HUB_CACHE": str(hub.ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1", "VLLM_MODEL_REDIRECT_PATH": str(hub.ROOT / "redirect.json"),
         "VLLM_NPU_UPSTREAM_ENTRY": json.dumps(entry),
@@ -87,16 +99,25 @@ def _stem(path: str) -> str:
     return path.replace("/", "__")
 
 
-def run_file(path: str, entry: dict) -> dict:
+def _commit() -> str:
+    """The commit a result was produced at (a `+` when the tree had changes)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                          capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return head + ("+" if dirty else "")
+
+
+def run_file(path: str, entry: dict, timeout_s: int = FILE_TIMEOUT_S) -> dict:
     """One test file in its own pytest process; its outcomes by test id."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (WORK / "tmp").mkdir(exist_ok=True)
     stem = _stem(path)
     xml, log = RESULTS / f"{stem}.xml", RESULTS / f"{stem}.log"
     xml.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "pytest", path, "-q", "-rfE", "-p", "upstream_tests.plugin",
-           "-p", "no:cacheprovider", "-c", str(SRC / "pyproject.toml"), "--rootdir", str(SRC),
-           f"--junitxml={xml}", "-o", "junit_family=xunit2", f"--timeout={FILE_TIMEOUT_S}"]
+    cmd = [sys.executable, "-m", "pytest", path, "-q", "-rfE", "-p", "no:cacheprovider",
+           "-c", str(SRC / "pyproject.toml"), "--rootdir", str(SRC), f"--junitxml={xml}",
+           "-o", "junit_family=xunit2", f"--timeout={timeout_s}"]
     start = time.time()
     with open(log, "w") as out:
         # its own session: whatever the file started (engine cores, servers, workers) is
@@ -104,7 +125,7 @@ def run_file(path: str, entry: dict) -> dict:
         proc = subprocess.Popen(cmd, cwd=SRC, env=file_env(entry), stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            rc = proc.wait(timeout=FILE_TIMEOUT_S + 60)
+            rc = proc.wait(timeout=FILE_LIMIT_TESTS * timeout_s + 60)
         except subprocess.TimeoutExpired:
             rc = "timeout"
         finally:
@@ -116,30 +137,67 @@ def run_file(path: str, entry: dict) -> dict:
     if not tests or rc == "timeout" or (rc not in (0, 1, 5) and "failed" not in tests.values()):
         tests[f"{path}::<file>"] = "failed"  # crashed, timed out or did not collect
     result = {"path": path, "rc": rc, "seconds": round(time.time() - start, 1),
+              "commit": _commit(), "date": time.strftime("%Y-%m-%d"),
               "tests": tests, "failures": messages, "log": str(log.relative_to(REPO))}
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1))
     return result
 
 
-def stored_result(path: str) -> dict | None:
-    """The last result of `path` from an earlier run, if any."""
-    stored = RESULTS / f"{_stem(path)}.json"
-    return json.loads(stored.read_text()) if stored.exists() else None
+def stored_result(path: str, entry: dict | None = None) -> dict | None:
+    """The last result of `path` from an earlier run, if any; with `entry`, its outcomes
+    re-judged under the allow-list entry as it is now."""
+    stored, xml = RESULTS / f"{_stem(path)}.json", RESULTS / f"{_stem(path)}.xml"
+    if not stored.exists():
+        return None
+    result = json.loads(stored.read_text())
+    result.setdefault("date", time.strftime("%Y-%m-%d", time.localtime(stored.stat().st_mtime)))
+    if entry is not None and xml.exists():
+        crashed = {t: o for t, o in result["tests"].items() if t.endswith("::<file>")}
+        result["tests"] = {**parse_junit(xml, path, entry=entry), **crashed}
+    return result
 
 
+COLLECTION_XFAIL = "expected-fail at collection"  # plugin.py's collection skip reason
 CLASS_IN_REASON = re.compile(r"^(?:excluded )?\[([a-z-]+)\]")
 
 
-def parse_junit(xml: Path, path: str,
-                messages: dict[str, str] | None = None) -> dict[str, str]:
+def reapply(entry: dict, rest: str, name: str, outcome: str, failure) -> str:
+    """A stored outcome under the allow-list entry as it is now (what plugin.py would have
+    made of the same run): exclusions, strict expected failures, known failure texts."""
+    from upstream_tests.plugin import known_failure, rule_for_names
+
+    rule = rule_for_names(rest, name, entry.get("tests") or {}) or entry
+    mode = rule.get("mode", "must-pass")
+    if mode == "excluded":
+        return f"excluded:{rule['class']}"
+    ran = outcome in ("passed", "failed") or outcome.startswith("xfailed")
+    if mode == "expected-fail":
+        return "failed" if outcome == "passed" else (
+            f"xfailed:{rule['class']}" if ran else outcome)
+    if outcome.startswith("excluded"):
+        return "skipped"  # excluded when it ran: no outcome to keep
+    if outcome == "failed" and failure is not None:
+        known = known_failure(f"{failure.get('message') or ''}\n{failure.text or ''}", entry)
+        if known:
+            return f"xfailed:{known['class']}"
+    return outcome
+
+
+def parse_junit(xml: Path, path: str, messages: dict[str, str] | None = None,
+                entry: dict | None = None) -> dict[str, str]:
     """Test id -> outcome; expected failures and exclusions as `outcome:class`. With
-    `messages`, each failed test's first message line goes there too (for triage)."""
+    `messages`, each failed test's first message line goes there too (for triage); with
+    `entry`, outcomes are re-judged under that allow-list entry (`reapply`)."""
     outcomes, module = {}, path.removesuffix(".py").replace("/", ".")
     for case in ET.parse(xml).getroot().iter("testcase"):
         cls = case.get("classname", "").removeprefix(module).strip(".")
         name = "::".join([path, *([cls] if cls else []), case.get("name")])
         skipped = case.find("skipped")
         message = skipped.get("message", "") if skipped is not None else ""
+        if skipped is not None and COLLECTION_XFAIL in (skipped.text or ""):
+            # a module import that failed for a known reason (plugin.py)
+            message = (skipped.text or "").split(COLLECTION_XFAIL, 1)[1].strip()
+            skipped.set("type", "pytest.xfail")
         found = CLASS_IN_REASON.match(message)
         bad = case.find("failure")
         bad = bad if bad is not None else case.find("error")
@@ -156,6 +214,9 @@ def parse_junit(xml: Path, path: str,
             outcome = "skipped"
         else:
             outcome = "passed"
+        if entry is not None:
+            rest = "::".join([*([cls.replace(".", "::")] if cls else []), case.get("name")])
+            outcome = reapply(entry, rest, case.get("name"), outcome, bad)
         outcomes[name] = outcome
     return outcomes
 
@@ -170,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slice", choices=("full", "ci"),
                     default=os.environ.get("UPSTREAM", "full"))
     ap.add_argument("-j", "--jobs", type=int, default=1, help="files run at once")
+    ap.add_argument("--timeout", type=int, default=FILE_TIMEOUT_S,
+                    help="seconds one test may take; a whole file, 3 times that")
     ap.add_argument("--report", type=Path, help="write the per-directory table here")
     ap.add_argument("--reuse", action="store_true",
                     help="run nothing: report each file's last stored result")
@@ -177,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rules = allowlist.load()
     chosen = args.files or rules.files_to_run(ci=args.slice == "ci")
-    stored = {f: stored_result(f) for f in chosen} if args.reuse else {}
+    stored = {f: stored_result(f, rules.entry(f)) for f in chosen} if args.reuse else {}
     if args.reuse:
         missing = [f for f in chosen if not stored[f]]
         if missing:
@@ -190,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
 
     start, results = time.time(), [r for r in stored.values() if r]
     with cf.ThreadPoolExecutor(args.jobs) as pool:
-        futures = {pool.submit(run_file, f, rules.entry(f)): f for f in chosen}
+        futures = {pool.submit(run_file, f, rules.entry(f), args.timeout): f for f in chosen}
         for fut in cf.as_completed(futures):
             r = fut.result()
             results.append(r)

@@ -130,8 +130,9 @@ class NPUPlatform(Platform):
         if quant not in cls.supported_quantization:
             raise ValueError(
                 f"{quant} quantization is not supported on the NPU platform yet "
-                f"(supported: {cls.supported_quantization}); load an unquantized or a "
-                "ModelSlim W8A8 checkpoint")
+                # vLLM appends each registered method to this list ("ascend" again)
+                f"(supported: {list(dict.fromkeys(cls.supported_quantization))}); load an "
+                "unquantized or a ModelSlim W8A8 checkpoint")
 
     @classmethod
     def get_device_communicator_cls(cls) -> str:
@@ -218,6 +219,15 @@ class NPUPlatform(Platform):
             raise ValueError("--enable-lora with a MoE model is not supported on the NPU "
                              "platform yet (LoRA runs on dense layers only); serve the "
                              "adapter merged into the weights instead")
+
+        aux = getattr(vllm_config, "aux_output_config", None)
+        if aux is not None and aux.enabled:
+            # vLLM wires aux outputs (routed experts) only into Model Runner V2, which
+            # needs Triton, and leaves the check to out-of-tree platforms
+            # (VllmConfig._verify_aux_output_compatibility): the NPU runs the V1 runner.
+            raise ValueError("--enable-return-routed-experts is not supported on the NPU: "
+                             "the AuxOutput Connector requires Model Runner V2, which the "
+                             "NPU platform does not run; serve without it")
 
         cache = vllm_config.cache_config
         if cache.user_specified_block_size and cache.block_size not in PAGED_BLOCK_SIZES:
@@ -339,7 +349,10 @@ class NPUPlatform(Platform):
 
         compilation = vllm_config.compilation_config
         model = vllm_config.model_config
-        if compilation.cudagraph_mode is None and not (model and model.enforce_eager):
+        # -O0 asks for no graphs and no compilation (vLLM's level defaults give NONE)
+        unoptimized = getattr(vllm_config, "optimization_level", None) == 0
+        if compilation.cudagraph_mode is None and not (model and model.enforce_eager) \
+                and not unoptimized:
             compilation.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
         if compilation.mode is None:
             needs_compile = (compilation.cudagraph_mode is not None

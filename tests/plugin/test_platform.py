@@ -141,3 +141,35 @@ def test_world_size_larger_than_the_npus_fails_at_startup(tiny_models, monkeypat
     assert NPUPlatform.device_count() == 1
     with pytest.raises(ValueError, match=r"World size 2 .* exceeds the 1 NPUs on this node"):
         _engine_config(tiny_models["llama"], tensor_parallel_size=2)
+
+
+def test_routed_experts_output_is_refused_at_startup(tmp_path):
+    # vLLM leaves this check to out-of-tree platforms; the V1 runner would drop the output.
+    from vllm_npu.testing.tiny_model import build_tiny_model
+
+    moe = build_tiny_model(str(tmp_path / "moe"), arch="qwen3_moe")
+    with pytest.raises(ValueError, match=r"--enable-return-routed-experts is not supported "
+                                         r"on the NPU.*Model Runner V2"):
+        _engine_config(moe, enable_return_routed_experts=True)
+
+
+def test_optimization_level_0_captures_no_graphs(tiny_models):
+    # -O0 is vLLM's "start up immediately": no graphs, no compilation, on the NPU too
+    from vllm.config import CompilationMode
+    from vllm.config.compilation import CUDAGraphMode
+
+    cc = _engine_config(tiny_models["llama"], optimization_level=0).compilation_config
+    assert (cc.cudagraph_mode, cc.mode) == (CUDAGraphMode.NONE, CompilationMode.NONE)
+    default = _engine_config(tiny_models["llama"]).compilation_config
+    assert default.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
+
+
+def test_an_unsupported_quantization_names_each_valid_method_once():
+    import vllm_npu.quantization.modelslim  # noqa: F401  registers "ascend" (vLLM appends it)
+
+    with pytest.raises(ValueError) as err:
+        NPUPlatform.verify_quantization("mxfp8")
+    message = str(err.value)
+    assert message.startswith("mxfp8 quantization is not supported on the NPU platform yet")
+    listed = message.split("(supported: ", 1)[1].split(")", 1)[0]
+    assert listed.count("'ascend'") == 1 and "'compressed-tensors'" in listed
