@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import contextlib
+import functools
 import json
 import os
 import re
@@ -99,8 +100,10 @@ def _stem(path: str) -> str:
     return path.replace("/", "__")
 
 
+@functools.cache
 def _commit() -> str:
-    """The commit a result was produced at (a `+` when the tree had changes)."""
+    """The commit a run's results were produced at (a `+` when the tree had changes when
+    the run started: edits made while it runs do not count)."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
                           capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
@@ -251,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     prepare_site()
     hub.build_all(sorted({h for f in chosen for h in hub.used_by((SRC / f).read_text())}))
 
+    _commit()
     start, results = time.time(), [r for r in stored.values() if r]
     with cf.ThreadPoolExecutor(args.jobs) as pool:
         futures = {pool.submit(run_file, f, rules.entry(f), args.timeout): f for f in chosen}
