@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from upstream_tests import allowlist, hub
+from upstream_tests import allowlist, hub, run, store
 from upstream_tests.run import outcome_counts, parse_junit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -184,7 +184,7 @@ def test_a_module_failing_to_import_for_a_known_reason_is_an_expected_failure(tm
 STORED_RUN = """<testsuites><testsuite>
 <testcase classname="tests.test_s" name="test_ok"/>
 <testcase classname="tests.test_s" name="test_net"><failure message="OSError: offline">
-Traceback: We couldn't connect to 'https://huggingface.co'</failure></testcase>
+Traceback: LONG We couldn't connect to 'https://huggingface.co'</failure></testcase>
 <testcase classname="tests.test_s" name="test_bad"><failure message="ValueError: x"/></testcase>
 <testcase classname="tests.test_s" name="test_now_xfail[a]"/>
 <testcase classname="tests.test_s.TestA" name="test_now_excluded"><failure message="e"/>
@@ -192,21 +192,37 @@ Traceback: We couldn't connect to 'https://huggingface.co'</failure></testcase>
 </testsuite></testsuites>"""
 
 
-def test_stored_results_are_rejudged_under_the_allowlist_as_it_is_now(tmp_path):
+def test_stored_results_are_rejudged_under_the_allowlist_as_it_is_now(tmp_path, monkeypatch):
     """An allow-list edit applies to results already stored (runs span sessions): a known
-    failure text, a strict expected failure that passed, an exclusion by wildcard."""
+    failure text, a strict expected failure that passed, an exclusion by wildcard; the
+    same from the JUnit XML and from the repository's store, where a long failure text
+    keeps its end."""
     xml = tmp_path / "r.xml"
-    xml.write_text(STORED_RUN)
+    xml.write_text(STORED_RUN.replace("LONG", "frame\n" * 2000))
+    monkeypatch.setattr(store, "STORE", tmp_path / "store")
+    cases = run.junit_cases(xml, "tests/test_s.py")
+    store.save("tests/test_s.py", {
+        "rc": 1, "seconds": 1.0, "commit": "abc", "date": "2026-12-06",
+        "cases": {rest: o for rest, (o, _) in cases.items()},
+        "failures": {rest: store.failure_kept(*f) for rest, (_, f) in cases.items() if f}})
+    assert store.paths() == ["tests/test_s.py"]
+    assert (tmp_path / "store" / "top-level.json").exists()
     entry = {"known_failures": [{"match": "couldn't connect to 'https://huggingface.co'",
                                  "class": "network", "reason": "r"}],
              "tests": {"test_now_xfail": {"mode": "expected-fail", "class": "cuda",
                                           "reason": "r"},
                        "TestA::*": {"mode": "excluded", "class": "other-device",
                                     "reason": "r"}}}
-    assert parse_junit(xml, "tests/test_s.py", entry=entry) == {
+    expected = {
         "tests/test_s.py::test_ok": "passed",
         "tests/test_s.py::test_net": "xfailed:network",
         "tests/test_s.py::test_bad": "failed",
         "tests/test_s.py::test_now_xfail[a]": "failed",  # strict: it passed
         "tests/test_s.py::TestA::test_now_excluded": "excluded:other-device",
     }
+    assert parse_junit(xml, "tests/test_s.py", entry=entry) == expected
+    stored = run.stored_result("tests/test_s.py", entry)
+    assert stored["tests"] == expected and stored["commit"] == "abc"
+    assert stored["failures"]["tests/test_s.py::test_bad"] == "ValueError: x"
+    # unlisted (no entry): the outcomes as the plugin judged them when the file ran
+    assert run.stored_result("tests/test_s.py")["tests"]["tests/test_s.py::test_net"] == "failed"

@@ -30,7 +30,7 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
-from upstream_tests import allowlist, hub
+from upstream_tests import allowlist, hub, store
 
 REPO = Path(__file__).resolve().parent.parent
 VLLM_VERSION = "0.33.0"
@@ -111,8 +111,10 @@ def _commit() -> str:
     return head + ("+" if dirty else "")
 
 
-def run_file(path: str, entry: dict, timeout_s: int = FILE_TIMEOUT_S) -> dict:
-    """One test file in its own pytest process; its outcomes by test id."""
+def run_file(path: str, entry: dict, timeout_s: int = FILE_TIMEOUT_S,
+             keep: bool = True) -> dict:
+    """One test file in its own pytest process; its outcomes by test id, recorded in the
+    repository's store when `keep` (the CI slice does not write into its checkout)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (WORK / "tmp").mkdir(exist_ok=True)
     stem = _stem(path)
@@ -135,41 +137,61 @@ def run_file(path: str, entry: dict, timeout_s: int = FILE_TIMEOUT_S) -> dict:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    messages: dict[str, str] = {}
-    tests = parse_junit(xml, path, messages) if xml.exists() else {}
-    if not tests or rc == "timeout" or (rc not in (0, 1, 5) and "failed" not in tests.values()):
-        tests[f"{path}::<file>"] = "failed"  # crashed, timed out or did not collect
+    cases = junit_cases(xml, path) if xml.exists() else {}
+    if not cases or rc == "timeout" or (
+            rc not in (0, 1, 5) and all(c[0] != "failed" for c in cases.values())):
+        cases["<file>"] = ("failed", None)  # crashed, timed out or did not collect
     result = {"path": path, "rc": rc, "seconds": round(time.time() - start, 1),
               "commit": _commit(), "date": time.strftime("%Y-%m-%d"),
-              "tests": tests, "failures": messages, "log": str(log.relative_to(REPO))}
+              "tests": {f"{path}::{rest}": o for rest, (o, _) in cases.items()},
+              "failures": {f"{path}::{rest}": f[0].strip().split("\n", 1)[0][:300]
+                           for rest, (_, f) in cases.items() if f},
+              "log": str(log.relative_to(REPO))}
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    if keep:
+        store.save(path, {
+            **{k: result[k] for k in ("rc", "seconds", "commit", "date")},
+            "cases": {rest: o for rest, (o, _) in cases.items()},
+            "failures": {rest: store.failure_kept(*f) for rest, (_, f) in cases.items() if f}})
     return result
 
 
 def stored_result(path: str, entry: dict | None = None) -> dict | None:
-    """The last result of `path` from an earlier run, if any; with `entry`, its outcomes
+    """The last result of `path` kept in the store, if any; with `entry`, its outcomes
     re-judged under the allow-list entry as it is now."""
-    stored, xml = RESULTS / f"{_stem(path)}.json", RESULTS / f"{_stem(path)}.xml"
-    if not stored.exists():
+    record = store.load(path)
+    if record is None:
         return None
-    result = json.loads(stored.read_text())
-    result.setdefault("date", time.strftime("%Y-%m-%d", time.localtime(stored.stat().st_mtime)))
-    if entry is not None and xml.exists():
-        crashed = {t: o for t, o in result["tests"].items() if t.endswith("::<file>")}
-        result["tests"] = {**parse_junit(xml, path, entry=entry), **crashed}
-    return result
+    tests, failures = {}, {}
+    for rest, outcome in record["cases"].items():
+        failure = record["failures"].get(rest)
+        if entry is not None and rest != "<file>":
+            outcome = reapply(entry, rest, outcome, failure)
+        tests[f"{path}::{rest}"] = outcome
+        if failure:
+            failures[f"{path}::{rest}"] = failure[0].strip().split("\n", 1)[0][:300]
+    return {"path": path, **{k: record[k] for k in ("rc", "seconds", "commit", "date")},
+            "tests": tests, "failures": failures,
+            "log": str((RESULTS / f"{_stem(path)}.log").relative_to(REPO))}
 
 
 COLLECTION_XFAIL = "expected-fail at collection"  # plugin.py's collection skip reason
 CLASS_IN_REASON = re.compile(r"^(?:excluded )?\[([a-z-]+)\]")
 
 
-def reapply(entry: dict, rest: str, name: str, outcome: str, failure) -> str:
+def _case_name(rest: str) -> str:
+    """The test's name without its class: `A::test_x[p::q]` -> `test_x[p::q]`."""
+    head, bracket, params = rest.partition("[")
+    return head.rsplit("::", 1)[-1] + bracket + params
+
+
+def reapply(entry: dict, rest: str, outcome: str, failure: list[str] | None) -> str:
     """A stored outcome under the allow-list entry as it is now (what plugin.py would have
-    made of the same run): exclusions, strict expected failures, known failure texts."""
+    made of the same run): exclusions, strict expected failures, known failure texts.
+    `failure`: the message and text of a test that failed outright."""
     from upstream_tests.plugin import known_failure, rule_for_names
 
-    rule = rule_for_names(rest, name, entry.get("tests") or {}) or entry
+    rule = rule_for_names(rest, _case_name(rest), entry.get("tests") or {}) or entry
     mode = rule.get("mode", "must-pass")
     if mode == "excluded":
         return f"excluded:{rule['class']}"
@@ -180,21 +202,20 @@ def reapply(entry: dict, rest: str, name: str, outcome: str, failure) -> str:
     if outcome.startswith("excluded"):
         return "skipped"  # excluded when it ran: no outcome to keep
     if outcome == "failed" and failure is not None:
-        known = known_failure(f"{failure.get('message') or ''}\n{failure.text or ''}", entry)
+        known = known_failure("\n".join(failure), entry)
         if known:
             return f"xfailed:{known['class']}"
     return outcome
 
 
-def parse_junit(xml: Path, path: str, messages: dict[str, str] | None = None,
-                entry: dict | None = None) -> dict[str, str]:
-    """Test id -> outcome; expected failures and exclusions as `outcome:class`. With
-    `messages`, each failed test's first message line goes there too (for triage); with
-    `entry`, outcomes are re-judged under that allow-list entry (`reapply`)."""
-    outcomes, module = {}, path.removesuffix(".py").replace("/", ".")
+def junit_cases(xml: Path, path: str) -> dict[str, tuple[str, tuple[str, str] | None]]:
+    """Node id after the file -> (outcome, failure): expected failures and exclusions as
+    `outcome:class`; a failed test's failure as (message, text)."""
+    cases, module = {}, path.removesuffix(".py").replace("/", ".")
     for case in ET.parse(xml).getroot().iter("testcase"):
-        cls = case.get("classname", "").removeprefix(module).strip(".")
-        name = "::".join([path, *([cls] if cls else []), case.get("name")])
+        # classname: the module's dotted path, then any classes (dotted too)
+        classes = case.get("classname", "").removeprefix(module).strip(".")
+        rest = "::".join([*(classes.split(".") if classes else []), case.get("name")])
         skipped = case.find("skipped")
         message = skipped.get("message", "") if skipped is not None else ""
         if skipped is not None and COLLECTION_XFAIL in (skipped.text or ""):
@@ -204,11 +225,9 @@ def parse_junit(xml: Path, path: str, messages: dict[str, str] | None = None,
         found = CLASS_IN_REASON.match(message)
         bad = case.find("failure")
         bad = bad if bad is not None else case.find("error")
+        failure = None
         if bad is not None:
-            outcome = "failed"
-            if messages is not None:
-                first = (bad.get("message") or "").strip().split("\n", 1)[0]
-                messages[name] = first[:300]
+            outcome, failure = "failed", (bad.get("message") or "", bad.text or "")
         elif skipped is not None and skipped.get("type") == "pytest.xfail":
             outcome = f"xfailed:{found.group(1) if found else '?'}"
         elif skipped is not None and message.startswith("excluded ["):
@@ -217,11 +236,15 @@ def parse_junit(xml: Path, path: str, messages: dict[str, str] | None = None,
             outcome = "skipped"
         else:
             outcome = "passed"
-        if entry is not None:
-            rest = "::".join([*([cls.replace(".", "::")] if cls else []), case.get("name")])
-            outcome = reapply(entry, rest, case.get("name"), outcome, bad)
-        outcomes[name] = outcome
-    return outcomes
+        cases[rest] = (outcome, failure)
+    return cases
+
+
+def parse_junit(xml: Path, path: str, entry: dict | None = None) -> dict[str, str]:
+    """Test id -> outcome (`junit_cases`); with `entry`, re-judged under that allow-list
+    entry (`reapply`)."""
+    return {f"{path}::{rest}": reapply(entry, rest, o, f) if entry is not None else o
+            for rest, (o, f) in junit_cases(xml, path).items()}
 
 
 def outcome_counts(tests: dict[str, str]) -> Counter:
@@ -257,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     _commit()
     start, results = time.time(), [r for r in stored.values() if r]
     with cf.ThreadPoolExecutor(args.jobs) as pool:
-        futures = {pool.submit(run_file, f, rules.entry(f), args.timeout): f for f in chosen}
+        futures = {pool.submit(run_file, f, rules.entry(f), args.timeout, args.slice != "ci"): f
+                   for f in chosen}
         for fut in cf.as_completed(futures):
             r = fut.result()
             results.append(r)

@@ -4,21 +4,20 @@
     python -m upstream_tests.triage --unlisted                     # results of files the
                                                                    # allow-list lacks
 
-Reads build/upstream/results/*.json (run.py writes them), each listed file's outcomes
-re-judged under its allow-list entry as it is now; prints each distinct first failure
-line (numbers and quoted names folded) with how many tests and which files hit it, then
-each file's counts. `--failing` prints only the paths of files with a failure left (to
+Reads the stored results (upstream_tests/results/, run.py records them), each listed
+file's outcomes re-judged under its allow-list entry as it is now; prints each distinct
+first failure line (numbers and quoted names folded) with how many tests and which files
+hit it, then each file's counts. `--failing` prints only the paths of files with a failure left (to
 run them again). Running nothing, it only reads what the runner stored.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from collections import Counter, defaultdict
 
-from upstream_tests import allowlist
-from upstream_tests.run import RESULTS, outcome_counts, stored_result
+from upstream_tests import allowlist, store
+from upstream_tests.run import outcome_counts, stored_result
 
 FOLD = [(re.compile(r"'[^']*'"), "'…'"), (re.compile(r"\d+"), "N")]
 
@@ -32,8 +31,7 @@ def fold(message: str) -> str:
 def stored(prefixes: list[str], unlisted: bool) -> list[dict]:
     rules = allowlist.load()
     out = []
-    for path in sorted(RESULTS.glob("*.json")):
-        name = json.loads(path.read_text())["path"]
+    for name in store.paths():
         if prefixes and not name.startswith(tuple(prefixes)):
             continue
         if unlisted and name in rules.files:
