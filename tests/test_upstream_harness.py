@@ -35,6 +35,7 @@ def test_the_shipped_allowlist_is_valid_and_has_a_ci_slice():
     ("{mode: excluded, reason: x}", "excluded needs a class, one of"),
     ("{mode: expected-fail, class: cuda}", "expected-fail needs a reason"),
     ("{mode: excluded, class: cuda, reason: x, why: y}", "unknown keys ['why']"),
+    ("{lift_module_skip: {match: CUDA}}", "lift_module_skip needs exactly ['match', 'reason']"),
 ])
 def test_a_bad_allowlist_entry_is_refused_with_its_name(tmp_path, rule, message):
     with pytest.raises(ValueError, match="tests/a.py") as e:
@@ -179,6 +180,38 @@ def test_a_module_failing_to_import_for_a_known_reason_is_an_expected_failure(tm
         got[name] = (proc.returncode, sorted(parse_junit(xml, f"tests/{name}.py").values()))
     # 5: pytest collected no test, which the runner accepts; 2: a collection error
     assert got == {"test_known": (5, ["xfailed:network"]), "test_other": (2, ["failed"])}
+
+
+GUARDED = """
+import pytest
+
+if {guard}:
+    pytest.skip(reason="V1 currently only supported on CUDA.", allow_module_level=True)
+if {other}:
+    pytest.skip(reason="needs 2 GPUs", allow_module_level=True)
+
+def test_runs():
+    pass
+"""
+
+
+@pytest.mark.parametrize("guard, other, outcomes", [
+    (True, False, ["passed"]),      # the lifted guard no longer skips: the test runs
+    (False, True, ["skipped"]),     # a skip for another reason is pytest's
+])
+def test_a_lifted_module_skip_lets_the_module_import_on(tmp_path, guard, other, outcomes):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_guarded.py").write_text(
+        GUARDED.format(guard=guard, other=other))
+    entry = {"lift_module_skip": {"match": "only supported on CUDA", "reason": "V1 runs"}}
+    env = dict(os.environ, VLLM_NPU_UPSTREAM_ENTRY=json.dumps(entry),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
+    xml = tmp_path / "out.xml"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/test_guarded.py", "-p", "upstream_tests.plugin",
+         "-p", "no:cacheprovider", f"--junitxml={xml}", "-o", "junit_family=xunit2"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert sorted(parse_junit(xml, "tests/test_guarded.py").values()) == outcomes
 
 
 STORED_RUN = """<testsuites><testsuite>

@@ -6,6 +6,8 @@
         tests:                                 # per test: node id after `::`, name with
           test_x[param]: {mode: expected-fail, class: real-model, reason: "..."}
       tests/kernels/test_y.py: {mode: excluded, class: cuda, reason: "..."}
+      tests/v1/engine/test_z.py:               # a module-level skip the NPU does not need
+        lift_module_skip: {match: "regex of the skip's reason", reason: "why it is lifted"}
 
     known_failures:                            # anywhere: a failure whose text matches
       - {match: "regex", class: device-rule, reason: "..."}   # counts as expected-fail
@@ -39,7 +41,8 @@ CLASSES = {
     "upstream-broken": "fails on every platform at v0.33.0: the test and vLLM's code disagree",
     "plugin-bug": "a plugin bug, while it is being fixed",
 }
-RULE_KEYS = {"mode", "class", "reason", "ci", "tests", "known_failures"}
+RULE_KEYS = {"mode", "class", "reason", "ci", "tests", "known_failures", "lift_module_skip"}
+LIFT_KEYS = {"match", "reason"}
 KNOWN_KEYS = {"match", "class", "reason"}
 
 
@@ -59,6 +62,11 @@ def check_rule(where: str, rule: dict) -> None:
                              f"{sorted(CLASSES)} (got {rule.get('class')!r})")
         if not str(rule.get("reason", "")).strip():
             raise ValueError(f"allow-list {where}: {mode} needs a reason")
+    lift = rule.get("lift_module_skip")
+    if lift is not None and (not isinstance(lift, dict) or set(lift) != LIFT_KEYS
+                             or not str(lift["reason"]).strip()):
+        raise ValueError(f"allow-list {where}: lift_module_skip needs exactly "
+                         f"{sorted(LIFT_KEYS)}, got {lift!r}")
 
 
 def check_known(where: str, known: list) -> None:

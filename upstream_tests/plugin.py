@@ -17,7 +17,10 @@ in their sources:
   `VLLM_NPU_UPSTREAM_ENTRY`) marks its tests: `expected-fail` ones xfail strictly, with
   their reason; `excluded` ones are skipped with their class and reason, so each is still
   counted by test id; a failure matching one of its `known_failures` (a regular
-  expression, e.g. the platform's refusal of block size 16) is that expected failure.
+  expression, e.g. the platform's refusal of block size 16) is that expected failure;
+- a module-level `pytest.skip` the entry lifts (`lift_module_skip`: its reason matches,
+  e.g. "V1 currently only supported on CUDA", a guard from before V1 ran on other
+  platforms) does not skip: the module imports on and its tests run and count.
 """
 from __future__ import annotations
 
@@ -158,12 +161,37 @@ def pytest_runtest_makereport(item, call):
 COLLECTION_XFAIL = "expected-fail at collection"
 
 
+@contextlib.contextmanager
+def _module_skip_lifted(lift: dict | None):
+    """While a module imports: `pytest.skip(reason, allow_module_level=True)` with a
+    reason matching `lift['match']` returns instead of raising (the module's guard is
+    an `if`, so its import goes on); any other skip is pytest's."""
+    if not lift:
+        yield
+        return
+    original = pytest.skip
+
+    @functools.wraps(original)
+    def skip(reason: str = "", *, allow_module_level: bool = False):
+        if allow_module_level and re.search(lift["match"], reason):
+            return None
+        return original(reason, allow_module_level=allow_module_level)
+
+    pytest.skip = skip
+    try:
+        yield
+    finally:
+        pytest.skip = original
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_make_collect_report(collector):
     """A module that fails to import for a known reason (e.g. a hub tokenizer loaded at
     import) is that expected failure too; pytest has no xfail for collection, so it is
     skipped with a reason the runner reads back as one."""
-    report = yield
+    lift = _entry().get("lift_module_skip") if isinstance(collector, pytest.Module) else None
+    with _module_skip_lifted(lift):
+        report = yield
     known = _known_failure(report) if report.failed else None
     if known:
         report.outcome = "skipped"

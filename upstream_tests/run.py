@@ -3,14 +3,16 @@
     python -m upstream_tests.run                 # the whole allow-list
     python -m upstream_tests.run --slice ci      # the CI slice (entries marked `ci: true`)
     python -m upstream_tests.run tests/v1/core/test_scheduler.py   # chosen files
-    python -m upstream_tests.run --report docs/upstream_tests.md
+    python -m upstream_tests.run --missing       # what has no stored result yet
+    python -m upstream_tests.run --reuse --report docs/upstream_tests.md
 
 Prepares on first use, with nothing but the package index: vLLM's `tests/` from the sdist
 `make install` fetched (build/sdist), the test-only packages they import into
 build/upstream/site (kept out of the project's venv, so its own suite is unchanged), and
 the tiny hub models the chosen files name (hub.py). Each file runs in its own pytest
-process (`-p upstream_tests.plugin`) with the hub offline; results come back as JUnit XML
-and end in one pytest-style summary line. Exit status 1 if any test that must pass did not.
+process (the harness plugin loaded through PYTEST_PLUGINS) with the hub offline; results
+come back as JUnit XML, are recorded in upstream_tests/results/ (store.py: a full run
+spans sessions) and end in one pytest-style summary line. Exit status 1 if any test that must pass did not.
 """
 from __future__ import annotations
 
@@ -262,10 +264,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", type=Path, help="write the per-directory table here")
     ap.add_argument("--reuse", action="store_true",
                     help="run nothing: report each file's last stored result")
+    ap.add_argument("--missing", action="store_true",
+                    help="run only the files with no stored result (a run spanning sessions)")
     args = ap.parse_args(argv)
 
     rules = allowlist.load()
     chosen = args.files or rules.files_to_run(ci=args.slice == "ci")
+    if args.missing:
+        chosen = [f for f in chosen if store.load(f) is None]
     stored = {f: stored_result(f, rules.entry(f)) for f in chosen} if args.reuse else {}
     if args.reuse:
         missing = [f for f in chosen if not stored[f]]
