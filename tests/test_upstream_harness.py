@@ -214,6 +214,32 @@ def test_a_lifted_module_skip_lets_the_module_import_on(tmp_path, guard, other, 
     assert sorted(parse_junit(xml, "tests/test_guarded.py").values()) == outcomes
 
 
+BLOCK_SIZES = """
+import vllm_npu.platform as npu_platform
+from vllm_npu.attention.backend import NPUAttentionBackend
+
+def test_block_sizes():
+    assert ({relaxed}) == (16 in npu_platform.PAGED_BLOCK_SIZES)
+    sizes = NPUAttentionBackend.get_supported_kernel_block_sizes()
+    assert [getattr(s, "base", s) for s in sizes] == [16 if {relaxed} else 128]
+"""
+
+
+def test_kernel_block_sizes_are_relaxed_only_where_upstream_relaxes_the_cpu_ones(tmp_path):
+    """tests/v1/kv_connector/unit: connector logic, no attention kernel (its conftest
+    relaxes the CPU backend's sizes); anywhere else the NPU's rule stands."""
+    for where, relaxed in (("tests/v1/kv_connector/unit", True), ("tests/v1/core", False)):
+        (tmp_path / where).mkdir(parents=True)
+        name = f"test_sizes_{where.rsplit('/', 1)[1]}.py"  # rootdir-relative imports: unique
+        (tmp_path / where / name).write_text(BLOCK_SIZES.format(relaxed=relaxed))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests", "-p", "upstream_tests.plugin",
+         "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-q"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert "2 passed" in proc.stdout, proc.stdout[-3000:]
+
+
 STORED_RUN = """<testsuites><testsuite>
 <testcase classname="tests.test_s" name="test_ok"/>
 <testcase classname="tests.test_s" name="test_net"><failure message="OSError: offline">

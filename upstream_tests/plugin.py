@@ -18,6 +18,10 @@ in their sources:
   their reason; `excluded` ones are skipped with their class and reason, so each is still
   counted by test id; a failure matching one of its `known_failures` (a regular
   expression, e.g. the platform's refusal of block size 16) is that expected failure;
+- in tests/v1/kv_connector/unit the NPU's kernel block sizes are relaxed to multiples of
+  16, as that directory's conftest relaxes the CPU backend's ("connector unit tests
+  exercise transfer logic, never the attention kernel, and hard-code block_size=16");
+  an engine the tests start in another process keeps the NPU's rule;
 - a module-level `pytest.skip` the entry lifts (`lift_module_skip`: its reason matches,
   e.g. "V1 currently only supported on CUDA", a guard from before V1 ran on other
   platforms) does not skip: the module imports on and its tests run and count.
@@ -103,6 +107,28 @@ def pytest_plugin_registered(plugin, manager):
     runner = getattr(plugin, "VllmRunner", None)
     if runner is not None:
         _set_default(runner.__init__, "block_size", NPU_TEST_BLOCK_SIZE)
+
+
+# Directories whose own conftest relaxes the CPU attention backend's kernel block sizes
+# because their tests never reach an attention kernel (the NPU's rule is relaxed alike).
+KERNEL_FREE_DIRS = ("tests/v1/kv_connector/unit/",)
+
+
+@pytest.fixture(autouse=True)
+def _npu_kernel_block_sizes_relaxed(request, monkeypatch):
+    path = request.node.path.relative_to(request.config.rootpath).as_posix()
+    if not path.startswith(KERNEL_FREE_DIRS):
+        return
+    from vllm.v1.attention.backend import MultipleOf
+
+    import vllm_npu.platform as npu_platform
+    from vllm_npu.attention.backend import NPUAttentionBackend
+    from vllm_npu.attention.mla import NPUMLABackend
+
+    monkeypatch.setattr(npu_platform, "PAGED_BLOCK_SIZES", tuple(range(16, 513, 16)))
+    for backend in (NPUAttentionBackend, NPUMLABackend):
+        monkeypatch.setattr(backend, "get_supported_kernel_block_sizes",
+                            staticmethod(lambda kv_cache_spec=None: [MultipleOf(16)]))
 
 
 @functools.cache
