@@ -248,6 +248,8 @@ Traceback: LONG We couldn't connect to 'https://huggingface.co'</failure></testc
 <testcase classname="tests.test_s" name="test_now_xfail[a]"/>
 <testcase classname="tests.test_s.TestA" name="test_now_excluded"><failure message="e"/>
 </testcase>
+<testcase classname="tests.test_s" name="test_fixed"><failure message="[XPASS(strict)] [cuda] r"/>
+</testcase>
 </testsuite></testsuites>"""
 
 
@@ -278,6 +280,8 @@ def test_stored_results_are_rejudged_under_the_allowlist_as_it_is_now(tmp_path, 
         "tests/test_s.py::test_bad": "failed",
         "tests/test_s.py::test_now_xfail[a]": "failed",  # strict: it passed
         "tests/test_s.py::TestA::test_now_excluded": "excluded:other-device",
+        # listed as an expected failure when it ran and passed; its entry since removed
+        "tests/test_s.py::test_fixed": "passed",
     }
     assert parse_junit(xml, "tests/test_s.py", entry=entry) == expected
     stored = run.stored_result("tests/test_s.py", entry)

@@ -178,6 +178,7 @@ def stored_result(path: str, entry: dict | None = None) -> dict | None:
 
 
 COLLECTION_XFAIL = "expected-fail at collection"  # plugin.py's collection skip reason
+XPASS_STRICT = "[XPASS(strict)]"  # pytest's failure message for a strict xfail that passed
 CLASS_IN_REASON = re.compile(r"^(?:excluded )?\[([a-z-]+)\]")
 
 
@@ -195,6 +196,8 @@ def reapply(entry: dict, rest: str, outcome: str, failure: list[str] | None) -> 
 
     rule = rule_for_names(rest, _case_name(rest), entry.get("tests") or {}) or entry
     mode = rule.get("mode", "must-pass")
+    if outcome == "failed" and failure and failure[0].startswith(XPASS_STRICT):
+        outcome = "passed"  # it was an expected failure then, and it passed
     if mode == "excluded":
         return f"excluded:{rule['class']}"
     ran = outcome in ("passed", "failed") or outcome.startswith("xfailed")

@@ -205,6 +205,18 @@ def test_a_missing_transfer_engine_names_the_package(monkeypatch):
         kv_config.adopt_kv_transfer_config(_config())
 
 
+def test_nixl_is_refused_when_the_engine_starts(tiny_models):
+    """vLLM's NIXL worker registers no NPU memory: the engine stops while it sets up its KV
+    cache, naming the connector that runs, not inside NIXL's own device code (on the
+    simulated NPU that was a TypeError from the CPU platform's NUMA discovery)."""
+    from vllm import LLM
+
+    with pytest.raises(ValueError, match="kv_connector 'NixlConnector' does not run on the "
+                                         "NPU: NIXL registers no NPU memory.*MooncakeConnector"):
+        LLM(tiny_models["llama"], enforce_eager=True, max_model_len=128,
+            kv_transfer_config={"kv_connector": "NixlConnector", "kv_role": "kv_both"})
+
+
 # ---- the router --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("values, message", [

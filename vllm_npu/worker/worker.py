@@ -19,6 +19,7 @@ from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environmen
 from vllm.v1.worker.worker_base import CompilationTimes
 
 from vllm_npu.device import log_backend, select_backend
+from vllm_npu.distributed.kv_transfer.config import check_worker_connector
 from vllm_npu.ops.sim import cores
 from vllm_npu.worker.accelerator import on_npu_runtime
 from vllm_npu.ops.sim.memory import PeakMemoryTracker, keep_freed_heap, register_resident
@@ -77,6 +78,7 @@ class NPUWorker(Worker):
 
     @on_npu_runtime
     def initialize_from_config(self, kv_cache_config) -> None:
+        check_worker_connector(self.vllm_config)  # before vLLM builds the connector's worker
         super().initialize_from_config(kv_cache_config)
         if self.simulated:
             register_resident(t for t in self.model_runner.kv_caches if t is not None)

@@ -52,6 +52,27 @@ def adopt_kv_transfer_config(vllm_config: VllmConfig) -> None:
                 kv.kv_role, NPU_MOONCAKE_MODULE, protocol)
 
 
+# Connectors whose workers cannot hold NPU memory. vLLM's NIXL worker registers memory of
+# the devices in its _NIXL_SUPPORTED_DEVICE (nixl/utils.py: cuda, xpu, tpu, cpu, plus what
+# a platform's get_nixl_supported_devices adds; the NPU adds none): on a device it stops on
+# "npu is not supported", on the simulated NPU (device type "cpu") in the CPU platform's
+# NUMA discovery (a TypeError), without the nixl package on "NIXL is not available".
+# Refused when the worker sets up its KV cache, before the connector's worker exists; the
+# scheduler side of these connectors is device-free and stays usable.
+WORKERLESS_CONNECTORS = {"NixlConnector": "NIXL registers no NPU memory"}
+
+
+def check_worker_connector(vllm_config: VllmConfig) -> None:
+    """A ValueError naming the fix when the KV connector has no NPU worker side."""
+    kv = vllm_config.kv_transfer_config
+    name = kv.kv_connector if kv is not None else None
+    if name in WORKERLESS_CONNECTORS and not kv.kv_connector_module_path:
+        raise ValueError(
+            f"kv_connector {name!r} does not run on the NPU: {WORKERLESS_CONNECTORS[name]} "
+            "(vLLM's nixl/utils.py _NIXL_SUPPORTED_DEVICE); for disaggregated prefill on "
+            "the NPU use MooncakeConnector")
+
+
 def check_transfer_engine(simulated: bool) -> None:
     """The Mooncake transfer engine imports, or a ValueError says what to install."""
     try:
