@@ -51,7 +51,7 @@ OUTCOMES = ("passed", "xfailed", "excluded", "skipped", "failed")
 
 
 def prepare_sources() -> None:
-    if (SRC / "tests" / "conftest.py").exists() and (SRC / "examples").is_dir():
+    if (SRC / "tests" / "conftest.py").exists() and (SRC / "benchmarks").is_dir():
         return
     sdist = REPO / "build" / "sdist" / f"vllm-{VLLM_VERSION}.tar.gz"
     if not sdist.exists():
@@ -60,9 +60,10 @@ def prepare_sources() -> None:
     prefix = f"vllm-{VLLM_VERSION}/"
     with tarfile.open(sdist) as tar:
         members = [m for m in tar.getmembers()
-                   # examples/: the chat templates the tests load from it
+                   # examples/: the chat templates the tests load from it; benchmarks/:
+                   # the request functions the benchmark tests compare with
                    if m.name.startswith((prefix + "tests/", prefix + "examples/",
-                                         prefix + "pyproject.toml"))]
+                                         prefix + "benchmarks/", prefix + "pyproject.toml"))]
         tar.extractall(WORK, members=members, filter="data")
 
 

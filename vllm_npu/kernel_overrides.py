@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 
 
 def _modules_that_break_the_scan() -> dict[str, object]:
@@ -16,16 +17,19 @@ def _modules_that_break_the_scan() -> dict[str, object]:
     modules can hold a vLLM kernel, so they are hidden from the scan. Remove when vLLM's
     dispatcher guards that call."""
     bad = {}
-    for name, module in list(sys.modules.items()):
-        namespace = getattr(module, "__dict__", None) or {}
-        for value in list(namespace.values()):
-            try:
-                breaks = hasattr(value, "__dict__") and not hasattr(vars(value), "get")
-            except Exception:
-                breaks = True
-            if breaks:
-                bad[name] = module
-                break
+    # looking at deprecated objects (torch.distributed.reduce_op) warns; the scan is ours
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        for name, module in list(sys.modules.items()):
+            namespace = getattr(module, "__dict__", None) or {}
+            for value in list(namespace.values()):
+                try:
+                    breaks = hasattr(value, "__dict__") and not hasattr(vars(value), "get")
+                except Exception:
+                    breaks = True
+                if breaks:
+                    bad[name] = module
+                    break
     return bad
 
 
