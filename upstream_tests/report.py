@@ -58,7 +58,7 @@ def _provenance(results: list[dict]) -> str:
 
 
 def write(path: Path, results: list[dict], rules: AllowList, wall_s: float,
-          reused: bool = False, slice_name: str = "full") -> None:
+          reused: bool = False, slice_name: str = "full", missing: int = 0) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
                             capture_output=True, text=True).stdout.strip()
     tests = sum(len(r["tests"]) for r in results)
@@ -78,7 +78,9 @@ def write(path: Path, results: list[dict], rules: AllowList, wall_s: float,
         f"{tests} test ids, {wall_s / 60:.1f} min "
         + (f"of per-file run time, summed ({_provenance(results)}; outcomes judged under "
            "the allow-list at this commit)" if reused else "wall time")
-        + " on a 2-core machine.",
+        + " on a 2-core machine."
+        + (f" {missing} listed files have no stored result yet and are not in the table "
+           "(`python -m upstream_tests.run --missing` runs them)." if missing else ""),
         "",
         *table(results, rules),
         "",

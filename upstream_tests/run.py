@@ -12,7 +12,8 @@ build/upstream/site (kept out of the project's venv, so its own suite is unchang
 the tiny hub models the chosen files name (hub.py). Each file runs in its own pytest
 process (the harness plugin loaded through PYTEST_PLUGINS) with the hub offline; results
 come back as JUnit XML, are recorded in upstream_tests/results/ (store.py: a full run
-spans sessions) and end in one pytest-style summary line. Exit status 1 if any test that must pass did not.
+spans sessions) and end in one pytest-style summary line. Exit status 1 if any test that
+must pass did not.
 """
 from __future__ import annotations
 
@@ -277,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.missing:
         chosen = [f for f in chosen if store.load(f) is None]
     stored = {f: stored_result(f, rules.entry(f)) for f in chosen} if args.reuse else {}
+    missing = [f for f in chosen if not stored[f]] if args.reuse else []
     if args.reuse:
-        missing = [f for f in chosen if not stored[f]]
         if missing:
             print(f"no stored result yet for {len(missing)} files (not in the report): "
                   + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else ""))
@@ -310,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         from upstream_tests.report import write
 
-        write(args.report, results, rules, wall, reused=args.reuse, slice_name=args.slice)
+        write(args.report, results, rules, wall, reused=args.reuse, slice_name=args.slice,
+              missing=len(missing))
     total = sum((outcome_counts(r["tests"]) for r in results), Counter())
     print("= " + ", ".join(f"{total[o]} {o}" for o in OUTCOMES if total[o] or o == "failed")
           + f" in {len(results)} files, {wall:.1f}s =")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 from pathlib import Path
@@ -38,14 +39,23 @@ def _locked():
 
 
 def _read(file: Path) -> dict:
-    return json.loads(file.read_text()) if file.exists() else {}
+    if not file.exists():
+        return {}
+    return _parsed(file, file.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(file: Path, mtime_ns: int) -> dict:
+    """One parse per file version (a report reads hundreds of records from a few files);
+    callers copy before changing."""
+    return json.loads(file.read_text())
 
 
 def save(path: str, record: dict) -> None:
     """Record one file's result (rc, seconds, commit, date, cases, failures)."""
     file = _file_for(path)
     with _locked():
-        data = _read(file)
+        data = dict(_read(file))
         data[path] = record
         tmp = file.with_suffix(".tmp")
         tmp.write_text(json.dumps(dict(sorted(data.items())), indent=1, sort_keys=True) + "\n")
