@@ -36,6 +36,7 @@ def test_the_shipped_allowlist_is_valid_and_has_a_ci_slice():
     ("{mode: expected-fail, class: cuda}", "expected-fail needs a reason"),
     ("{mode: excluded, class: cuda, reason: x, why: y}", "unknown keys ['why']"),
     ("{lift_module_skip: {match: CUDA}}", "lift_module_skip needs exactly ['match', 'reason']"),
+    ("{alone: ''}", "alone needs the reason"),
 ])
 def test_a_bad_allowlist_entry_is_refused_with_its_name(tmp_path, rule, message):
     with pytest.raises(ValueError, match="tests/a.py") as e:
@@ -289,3 +290,32 @@ def test_stored_results_are_rejudged_under_the_allowlist_as_it_is_now(tmp_path, 
     assert stored["failures"]["tests/test_s.py::test_bad"] == "ValueError: x"
     # unlisted (no entry): the outcomes as the plugin judged them when the file ran
     assert run.stored_result("tests/test_s.py")["tests"]["tests/test_s.py::test_net"] == "failed"
+
+
+def test_files_with_wall_clock_budgets_run_after_the_others_one_at_a_time(tmp_path,
+                                                                        monkeypatch):
+    rules = _load(tmp_path, """\
+        files:
+          tests/a.py: {alone: "servers up within 30 s"}
+          tests/b.py: {}
+          tests/c.py: {}
+        """)
+    order = []
+
+    def fake_run(path, entry, timeout_s, keep):
+        order.append(path)
+        return {"path": path, "seconds": 1.0, "tests": {f"{path}::t": "passed"},
+                "failures": {}}
+
+    monkeypatch.setattr(run.allowlist, "load", lambda: rules)
+    for name in ("prepare_sources", "prepare_site"):
+        monkeypatch.setattr(run, name, lambda: None)
+    monkeypatch.setattr(run.hub, "build_all", lambda ids: None)
+    monkeypatch.setattr(run, "run_file", fake_run)
+    monkeypatch.setattr(run, "WORK", tmp_path)
+    monkeypatch.setattr(run, "SRC", tmp_path)
+    (tmp_path / "tests").mkdir()
+    for name in "abc":
+        (tmp_path / "tests" / f"{name}.py").write_text("")
+    assert run.main(["-j", "2"]) == 0
+    assert sorted(order[:2]) == ["tests/b.py", "tests/c.py"] and order[2] == "tests/a.py"

@@ -8,6 +8,8 @@
       tests/kernels/test_y.py: {mode: excluded, class: cuda, reason: "..."}
       tests/v1/engine/test_z.py:               # a module-level skip the NPU does not need
         lift_module_skip: {match: "regex of the skip's reason", reason: "why it is lifted"}
+      tests/entrypoints/test_w.py:             # wall-clock budgets (servers up in 30 s):
+        alone: "why"                           # run after the others, one at a time
 
     known_failures:                            # anywhere: a failure whose text matches
       - {match: "regex", class: device-rule, reason: "..."}   # counts as expected-fail
@@ -41,7 +43,8 @@ CLASSES = {
     "upstream-broken": "fails on every platform at v0.33.0: the test and vLLM's code disagree",
     "plugin-bug": "a plugin bug, while it is being fixed",
 }
-RULE_KEYS = {"mode", "class", "reason", "ci", "tests", "known_failures", "lift_module_skip"}
+RULE_KEYS = {"mode", "class", "reason", "ci", "tests", "known_failures", "lift_module_skip",
+             "alone"}
 LIFT_KEYS = {"match", "reason"}
 KNOWN_KEYS = {"match", "class", "reason"}
 
@@ -62,6 +65,9 @@ def check_rule(where: str, rule: dict) -> None:
                              f"{sorted(CLASSES)} (got {rule.get('class')!r})")
         if not str(rule.get("reason", "")).strip():
             raise ValueError(f"allow-list {where}: {mode} needs a reason")
+    if "alone" in rule and not str(rule["alone"]).strip():
+        raise ValueError(f"allow-list {where}: alone needs the reason (the budget the "
+                         "tests hold to)")
     lift = rule.get("lift_module_skip")
     if lift is not None and (not isinstance(lift, dict) or set(lift) != LIFT_KEYS
                              or not str(lift["reason"]).strip()):

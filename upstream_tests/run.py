@@ -258,6 +258,16 @@ def outcome_counts(tests: dict[str, str]) -> Counter:
     return Counter(o.split(":")[0] for o in tests.values())
 
 
+def _print_result(r: dict) -> dict:
+    counts = outcome_counts(r["tests"])
+    print(f"{r['path']}: " + ", ".join(f"{counts[o]} {o}" for o in OUTCOMES if counts[o])
+          + f" ({r['seconds']} s)", flush=True)
+    for test, outcome in sorted(r["tests"].items()):
+        if outcome == "failed":
+            print(f"    FAILED {test}: {r['failures'].get(test, '')[:160]}", flush=True)
+    return r
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="*", help="run only these files (paths under tests/)")
@@ -290,20 +300,16 @@ def main(argv: list[str] | None = None) -> int:
 
     _commit()
     start, results = time.time(), [r for r in stored.values() if r]
+    keep = args.slice != "ci"
+    # files whose tests hold wall-clock budgets run after the others, one at a time
+    alone = [f for f in chosen if rules.entry(f).get("alone")]
     with cf.ThreadPoolExecutor(args.jobs) as pool:
-        futures = {pool.submit(run_file, f, rules.entry(f), args.timeout, args.slice != "ci"): f
-                   for f in chosen}
+        futures = [pool.submit(run_file, f, rules.entry(f), args.timeout, keep)
+                   for f in chosen if f not in alone]
         for fut in cf.as_completed(futures):
-            r = fut.result()
-            results.append(r)
-            counts = outcome_counts(r["tests"])
-            print(f"{r['path']}: " + ", ".join(f"{counts[o]} {o}" for o in OUTCOMES
-                                                if counts[o]) + f" ({r['seconds']} s)",
-                  flush=True)
-            for test, outcome in sorted(r["tests"].items()):
-                if outcome == "failed":
-                    print(f"    FAILED {test}: {r['failures'].get(test, '')[:160]}",
-                          flush=True)
+            results.append(_print_result(fut.result()))
+    for f in alone:
+        results.append(_print_result(run_file(f, rules.entry(f), args.timeout, keep)))
     wall = sum(r["seconds"] for r in results) if args.reuse else time.time() - start
     results.sort(key=lambda r: r["path"])
     (WORK / f"last-{args.slice}.json").write_text(json.dumps(

@@ -93,3 +93,26 @@ def test_silu_and_mul_layer_matches_vllm_native():
     x = _randn(5, 2 * 48, seed=6)
     torch.testing.assert_close(layer.forward_oot(x), layer.forward_native(x),
                                atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("custom_ops, norm_on, act_on", [
+    (["all", "-rms_norm"], False, True),
+    (["none", "+silu_and_mul"], False, True),
+    (["all"], True, True),
+])
+def test_per_op_switches_reach_the_npu_ops(custom_ops, norm_on, act_on):
+    """`--compilation-config '{"custom_ops": ["-rms_norm"]}'` turns the NPU's RMSNorm off
+    as it turns vLLM's in-tree one off (vLLM's register_oot names an OOT op after the
+    in-tree class, which the switches never name)."""
+    from vllm.config import (CompilationConfig, VllmConfig, get_cached_compilation_config,
+                             set_current_vllm_config)
+    from vllm.model_executor.layers.activation import SiluAndMul
+    from vllm.model_executor.layers.layernorm import RMSNorm
+
+    config = VllmConfig(compilation_config=CompilationConfig(custom_ops=list(custom_ops)))
+    get_cached_compilation_config.cache_clear()
+    with set_current_vllm_config(config):
+        norm, act = RMSNorm(64), SiluAndMul()
+        assert (type(norm), type(act)) == (NPURMSNorm, NPUSiluAndMul)
+        assert (norm.enabled(), act.enabled()) == (norm_on, act_on)
+    get_cached_compilation_config.cache_clear()

@@ -5,9 +5,10 @@ import torch
 from vllm.model_executor.layers.activation import SiluAndMul
 
 from vllm_npu import ops
+from vllm_npu.layers import replaces
 
 
-@SiluAndMul.register_oot
+@replaces(SiluAndMul)
 class NPUSiluAndMul(SiluAndMul):
     def forward_oot(self, x: torch.Tensor) -> torch.Tensor:
         return ops.npu_swiglu(x, dim=-1)

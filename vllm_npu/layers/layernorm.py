@@ -5,9 +5,10 @@ import torch
 from vllm.model_executor.layers.layernorm import RMSNorm
 
 from vllm_npu import ops
+from vllm_npu.layers import replaces
 
 
-@RMSNorm.register_oot
+@replaces(RMSNorm)
 class NPURMSNorm(RMSNorm):
     def forward_oot(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if self.variance_size_override is not None:

@@ -12,9 +12,10 @@ from vllm.forward_context import get_forward_context, is_forward_context_availab
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 
 from vllm_npu import ops
+from vllm_npu.layers import replaces
 
 
-@RotaryEmbedding.register_oot
+@replaces(RotaryEmbedding)
 class NPURotaryEmbedding(RotaryEmbedding):
     # vLLM's get_rope shares one instance between the layers of a model, so the rows for
     # a forward's positions are gathered once, by the first layer, and reused by the rest
