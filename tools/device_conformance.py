@@ -331,6 +331,73 @@ def _lora(ops, dev, dtype, gen):
     return [mid, y, mid2, y2]
 
 
+def _conv1d(ops, dev, dtype, gen):
+    """A prefill of two requests (the second from a state), then one decode step each."""
+    width, dim = 4, 64
+    weight = _randn(gen, dim, width, dtype=dtype, dev=dev)
+    bias = _randn(gen, dim, dtype=dtype, dev=dev)
+    states = torch.zeros(4, dim, width - 1, dtype=dtype, device=dev)
+    states[3] = _randn(gen, dim, width - 1, dtype=dtype, dev=dev)
+    x = _randn(gen, dim, 9, dtype=dtype, dev=dev)
+    rows = torch.tensor([1, 3], dtype=torch.int32).to(dev)
+    out = ops.npu_causal_conv1d(x, weight, bias, states,
+                                torch.tensor([0, 5, 9], dtype=torch.int32).to(dev), rows,
+                                torch.tensor([False, True]).to(dev), "silu")
+    step = ops.npu_causal_conv1d_update(_randn(gen, 2, dim, dtype=dtype, dev=dev), states,
+                                        weight, bias, "silu", rows)
+    return [out, step, states]
+
+
+def _ssd(ops, dev, dtype, gen):
+    """Mamba-2: a 2-request prefill across chunks, then one decode step each."""
+    heads, head_dim, groups, n = 4, 16, 2, 16
+    state = torch.zeros(3, heads, head_dim, n, dtype=torch.float32, device=dev)
+    a = -torch.linspace(0.5, 2.0, heads).to(dev)
+    d, dt_bias = torch.ones(heads).to(dev), torch.zeros(heads).to(dev)
+    x = _randn(gen, 40, heads, head_dim, dtype=dtype, dev=dev)
+    b, c = (_randn(gen, 40, groups, n, dtype=dtype, dev=dev) for _ in range(2))
+    dt = _randn(gen, 40, heads, dtype=dtype, dev=dev)
+    out = torch.empty_like(x)
+    finals = ops.npu_mamba_chunk_scan(x, dt, a, b, c, 16, d, dt_bias,
+                                      torch.tensor([0, 25, 40], dtype=torch.int32).to(dev),
+                                      None, True, out)
+    state[1:] = finals
+    step = torch.empty(2, heads, head_dim, dtype=dtype, device=dev)
+    ops.npu_selective_state_update(state, x[:2], dt[:2], a, b[:2], c[:2], d, dt_bias, True,
+                                   torch.tensor([1, 2], dtype=torch.int32).to(dev), step)
+    return [out, finals, step, state]
+
+
+def _gdn(ops, dev, dtype, gen):
+    """Gated DeltaNet: a 2-request prefill over more than one chunk, then one decode step."""
+    hk, hv, dk, dv = 2, 4, 32, 32
+    unit = lambda *s: torch.nn.functional.normalize(  # noqa: E731
+        torch.randn(*s, generator=gen), dim=-1).to(dtype).to(dev)
+    q, k = unit(80, hk, dk), unit(80, hk, dk)
+    v = _randn(gen, 80, hv, dv, dtype=dtype, dev=dev)
+    beta = torch.sigmoid(torch.randn(80, hv, generator=gen)).to(dtype).to(dev)
+    g = (-torch.rand(80, hv, generator=gen) * 0.2).to(dev)
+    state = torch.zeros(3, hv, dv, dk, dtype=torch.float32, device=dev)
+    out, finals = ops.npu_chunk_gated_delta_rule(q, k, v, beta=beta, initial_state=state[1:],
+                                                 actual_seq_lengths=[70, 10], scale=dk ** -0.5,
+                                                 g=g)
+    state[1:] = finals
+    step = ops.npu_recurrent_gated_delta_rule(
+        q[:2], k[:2], v[:2], state, beta=beta[:2], scale=dk ** -0.5,
+        ssm_state_indices=torch.tensor([1, 2], dtype=torch.int32).to(dev), g=g[:2])
+    return [out, finals, step, state]
+
+
+def _batch_memcpy(ops, dev, dtype, gen):
+    src = _randn(gen, 64, dtype=dtype, dev=dev)
+    dst = torch.zeros(64, dtype=dtype, device=dev)
+    size = src.element_size()
+    ops.npu_batch_memcpy(torch.tensor([src.data_ptr(), src.data_ptr() + 40 * size]),
+                         torch.tensor([dst.data_ptr() + 8 * size, dst.data_ptr()]),
+                         torch.tensor([16 * size, 4 * size]))
+    return [dst]
+
+
 def _graph_round_trip(ops, dev, dtype, gen, backend):
     """Capture a paged-attention task at lengths A, update it to B, replay: equals eager B.
     The plugin's protocol (compilation/acl_graph.py): the replay waits on an ExternalEvent
@@ -387,6 +454,10 @@ CASES = [
     Case("npu_dynamic_quant+npu_quant_matmul[pertoken]", _quant_dynamic, atol=1.0),
     Case("npu_dynamic_quant+npu_grouped_matmul[pertoken int8]", _quant_grouped, atol=1.0),
     Case("npu_sgmv_shrink+npu_sgmv_expand+npu_bgmv_shrink+npu_bgmv_expand", _lora),
+    Case("npu_causal_conv1d+npu_causal_conv1d_update", _conv1d),
+    Case("npu_mamba_chunk_scan+npu_selective_state_update", _ssd),
+    Case("npu_chunk_gated_delta_rule+npu_recurrent_gated_delta_rule", _gdn),
+    Case("npu_batch_memcpy", _batch_memcpy, atol=0.0),
 ]
 GRAPH_CASE = "graph:paged_attention capture/update/replay"
 

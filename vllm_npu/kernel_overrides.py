@@ -36,9 +36,10 @@ def _modules_that_break_the_scan() -> dict[str, object]:
 def overrides() -> dict[str, object]:
     from vllm_npu.attention import context_parallel
     from vllm_npu.spec_decode import eagle_kernels, rejection_kernels
-    from vllm_npu.worker import slot_mapping
+    from vllm_npu.worker import slot_mapping, state_copy
 
     return {slot_mapping.KERNEL: slot_mapping.compute_slot_mapping,
+            state_copy.KERNEL: state_copy.batch_memcpy,
             context_parallel.CORRECT_KERNEL: context_parallel.correct_attn_cp_out,
             **rejection_kernels.KERNELS, **eagle_kernels.KERNELS}
 

@@ -406,7 +406,10 @@ class NPUPlatform(Platform):
 
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:
-        return False
+        """vLLM's hybrid KV cache manager: sliding-window layers keep only their window's
+        blocks, and Mamba / Gated DeltaNet state shares the pool with attention blocks
+        (the attention backend addresses block-compact pages: kv_layout.paired_planes)."""
+        return True
 
     @classmethod
     def opaque_attention_op(cls) -> bool:

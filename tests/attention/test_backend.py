@@ -64,7 +64,7 @@ class Req:
 
 class Harness:
     def __init__(self, vllm_config, n, hkv, d, dtype, num_blocks=12, sliding_window=None,
-                 seed=0):
+                 seed=0, layout=KVCacheLayout.LHBNC):
         self.n, self.hkv, self.d, self.dtype = n, hkv, d, dtype
         self.scale = 1 / math.sqrt(d)
         self.window = sliding_window
@@ -76,7 +76,7 @@ class Harness:
         self.impl = NPUAttentionImpl(n, d, self.scale, hkv, alibi_slopes=None,
                                      sliding_window=sliding_window, kv_cache_dtype="auto")
         self.layer = SimpleNamespace(layer_name=LAYER)
-        self.kv_cache = alloc_kv_cache(num_blocks, hkv, d, dtype)
+        self.kv_cache = alloc_kv_cache(num_blocks, hkv, d, dtype, layout)
         # Scrambled free list so requests' blocks are neither ordered nor adjacent.
         self.free = torch.randperm(num_blocks, generator=self.g).tolist()
         self.reqs: list[Req] = []
@@ -342,6 +342,52 @@ def test_padded_tokens_are_ignored(vllm_config, decode_op, pad):
     h.check_cache_holds_history()
 
 
+@pytest.fixture
+def paired_config():
+    """A hybrid model's resolved layout: block-compact pages (kv_layout.paired_planes)."""
+    config = VllmConfig()
+    config.cache_config.kv_cache_layout = "LBHNC"
+    return config
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_block_compact_pages_give_the_same_attention(paired_config, decode_op, dtype):
+    """LBHNC pages (K rows then V rows per block, as pools shared with Mamba state hold
+    them) through prefill, a prefix-cache hit, mixed batches and decodes: the same
+    attention as dense math, every token's K and V in its own block's page."""
+    h = Harness(paired_config, 4, 2, 32, dtype, layout=KVCacheLayout.LBHNC)
+    assert h.kv_cache.is_contiguous() and not h.kv_cache[:, 0].is_contiguous()
+    a = h.add_request()
+    h.check(*h.step([(a, 2 * BS + 5)]))
+    b = h.add_request(shared_prefix_of=a, shared_blocks=2)
+    h.check(*h.step([(a, 1), (b, 7)]))
+    for _ in range(3):
+        h.check(*h.step([(a, 1), (b, 1)], pad=3))
+    h.check_cache_holds_history()
+
+
+def test_block_compact_metadata_addresses_half_pages(paired_config, default_npu_config):
+    """Block b's K and V half-pages sit at index 2b of the K and V caches the ops take:
+    the builder doubles block ids and moves slots to the K half-page of their block."""
+    h = Harness(paired_config, 4, 2, 32, torch.float32, layout=KVCacheLayout.LBHNC)
+    k_cache, v_cache = h.impl._cache_views(h.kv_cache)[:2]
+    assert k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert k_cache[6].data_ptr() == h.kv_cache[3, 0].data_ptr()
+    assert v_cache[6].data_ptr() == h.kv_cache[3, 1].data_ptr()
+    table = torch.tensor([[3, 5]], dtype=torch.int32)
+    slots = torch.tensor([3 * BS + 7, 5 * BS, -1], dtype=torch.int64)
+    qsl = torch.tensor([0, 2], dtype=torch.int32)
+    cm = CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=torch.tensor([2]),
+        num_reqs=1, num_actual_tokens=2, max_query_len=2, max_seq_len=2,
+        block_table_tensor=table, slot_mapping=slots[:2],
+        seq_lens_cpu_upper_bound=torch.tensor([2]))
+    meta = h.builder.build(common_prefix_len=0, common_attn_metadata=cm)
+    assert meta.block_table.tolist() == [[6, 10]]
+    assert meta.slot_mapping.tolist() == [6 * BS + 7, 10 * BS]
+    assert table.tolist() == [[3, 5]], "vLLM's own block table was changed"
+
+
 # ---------------------------------------------------------------- cache update / layout
 
 
@@ -452,7 +498,8 @@ def test_backend_customize_spec_refuses_different_v_head_size():
 
 
 def test_backend_properties():
-    assert NPUAttentionBackend.supported_kv_cache_layouts() == (KVCacheLayout.LHBNC,)
+    assert NPUAttentionBackend.supported_kv_cache_layouts() == (KVCacheLayout.LHBNC,
+                                                                 KVCacheLayout.LBHNC)
     assert NPUAttentionBackend.supports_attn_type(AttentionType.DECODER)
     for t in (AttentionType.ENCODER, AttentionType.ENCODER_ONLY,
               AttentionType.ENCODER_DECODER):

@@ -23,6 +23,9 @@ class Arch:
     # a config override that changes HF's tokens: the feature bites in this model
     proof: tuple[tuple[str, object], ...] = ()
     note: str = ""             # graph-mode downgrades and other tests covering it
+    # KV blocks: hybrids hold one state block per sequence a FULL decode graph may carry,
+    # so vLLM wants as many blocks as its default max_num_seqs (256)
+    blocks: int = 64
 
     @property
     def moe(self) -> bool:
@@ -72,6 +75,18 @@ ARCHS = {
     "minimax_m2": Arch("MiniMaxM2ForCausalLM", "minimax_m2",
                        f"{FIA}, partial rotary; sigmoid routing with a selection bias",
                        (FULL_AND_PIECEWISE,)),
+    "granite_hybrid": Arch("GraniteMoeHybridForCausalLM", "granite_hybrid",
+                           "Mamba-2 mixers (causal conv1d, SSD chunk scan, selective-state "
+                           "update) between NoPE attention layers on paired K/V half-pages; "
+                           "MoE with a shared MLP", (FULL_AND_PIECEWISE,), "TP2+EP2",
+                           note="chunked prefill and prefix caching carry the Mamba state: "
+                                "test_hybrid_models", blocks=272),
+    "qwen3_next": Arch("Qwen3NextForCausalLM", "qwen3_next",
+                       "Gated DeltaNet layers (causal conv1d, chunked / recurrent gated delta "
+                       "rule) between gated full-attention layers on paired K/V half-pages; "
+                       "MoE with a gated shared expert", (FULL_AND_PIECEWISE,), "TP2+EP2",
+                       note="chunked prefill and prefix caching carry the state: "
+                            "test_hybrid_models", blocks=272),
     "llama": Arch("LlamaForCausalLM", "llama", FIA, (FULL_AND_PIECEWISE,),
                   note="every mode, TP/PP/DP, spec decode, LoRA: test_graph_modes, "
                        "test_parallel, test_offline_parity"),
@@ -90,8 +105,6 @@ ARCHS = {
 NOT_SERVED = {
     "KimiLinearForCausalLM": "vLLM 0.33's model imports `cutlass` (CUDA only), with any platform",
     "Qwen3_5ForCausalLM": "vLLM 0.33 imports its vision code, which needs torchvision",
-    "Qwen3NextForCausalLM": "hybrid linear attention: not yet (mixed KV cache layouts)",
-    "GraniteMoeHybridForCausalLM": "Mamba-2 hybrid: not yet (mixed KV cache layouts)",
     "DeepseekV32ForCausalLM": "sparse MLA with the lightning indexer: not yet",
 }
 

@@ -3,7 +3,8 @@ tokens on the simulated NPU, in each graph mode listed and with TP=2 (EP for MoE
 FULL_AND_PIECEWISE: tiny random-weight models of shapes chosen here, float32, HF's eager
 attention as the reference. Engines keep vLLM's default settings (batch sizes, block size,
 capture sizes, chunked prefill, prefix caching) but the context length and the KV cache
-size (64 blocks: the simulated NPU's default 4 GB per device would be host memory here)."""
+size (64 blocks, hybrids 272: the simulated NPU's default 4 GB per device would be host
+memory here)."""
 from __future__ import annotations
 
 import functools
@@ -67,8 +68,8 @@ def test_architecture_gives_hf_tokens(arch_root, parity_dtype, name, mode, tp):
     if tp > 1:
         kwargs.update(tensor_parallel_size=tp, distributed_executor_backend="mp",
                       enable_expert_parallel=arch.moe)
-    llm = LLM(path, dtype=parity_dtype, max_model_len=512, seed=0, num_gpu_blocks_override=64,
-              **kwargs)
+    llm = LLM(path, dtype=parity_dtype, max_model_len=512, seed=0,
+              num_gpu_blocks_override=arch.blocks, **kwargs)
     try:
         got = generate(llm, _prompts(name, path), MAX_TOKENS)
     finally:

@@ -124,10 +124,11 @@ SCENARIOS = {
 HEADS = {"mha": (4, 4), "gqa": (8, 2), "mqa": (4, 1)}
 
 
-def alloc_kv_cache(num_blocks, hkv, d, dtype):
-    """Per-layer cache with logical shape [num_blocks, 2, BS, Hkv*D] laid out as LHBNC."""
+def alloc_kv_cache(num_blocks, hkv, d, dtype, layout=KVCacheLayout.LHBNC):
+    """Per-layer cache with logical shape [num_blocks, 2, BS, Hkv*D] laid out as `layout`
+    (LHBNC: separate K and V planes; LBHNC: block-compact pages, as hybrid models get)."""
     logical = (num_blocks, 2, BS, hkv * d)
-    order = KVCacheLayout.LHBNC.layer_view_order       # physical order of logical axes
+    order = layout.layer_view_order       # physical order of logical axes
     physical = torch.zeros([logical[i] for i in order], dtype=dtype)
     inverse = [order.index(i) for i in range(4)]
     cache = physical.permute(*inverse)

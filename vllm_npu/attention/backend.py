@@ -33,7 +33,7 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
 
-from vllm_npu import ops
+from vllm_npu import kv_layout, ops
 from vllm_npu.attention.context_parallel import (
     DCPMetadata,
     build_dcp_metadata,
@@ -41,6 +41,7 @@ from vllm_npu.attention.context_parallel import (
     merge_partials,
 )
 from vllm_npu.attention import dense_tnd
+from vllm_npu.attention.batch_padding import pad_query_ends, table_for
 from vllm_npu.attention.fia_calls import as_task, fia_max_workspace, fia_out
 from vllm_npu.attention.host_lens import host_seq_lens
 from vllm_npu.attention.softcap import softcap_attention
@@ -91,7 +92,9 @@ class NPUAttentionBackend(AttentionBackend):
 
     @classmethod
     def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
-        return (KVCacheLayout.LHBNC,)  # K and V as separate contiguous planes
+        # K and V as separate contiguous planes; block-compact pages where Mamba-style
+        # state shares the pool (kv_layout.paired_planes)
+        return (KVCacheLayout.LHBNC, KVCacheLayout.LBHNC)
 
     @classmethod
     def customize_spec(cls, spec: AttentionSpec) -> AttentionSpec:
@@ -129,34 +132,6 @@ class NPUAttentionMetadata:
     # Llama 4's chunked local attention (vLLM's ChunkedLocalAttentionBuilder): the batch is
     # its virtual per-chunk requests; this maps a block table to theirs
     make_virtual_batches_block_table: object = None
-
-
-def table_for(meta: "NPUAttentionMetadata", requests: int) -> torch.Tensor:
-    """The block table for `requests` rows: the batch's own, or (a padding request
-    appended, eager runs only) with a zero row for it: vLLM's null block 0. Graph tasks
-    only ever see the batch's own table, which outlives the replay."""
-    table = meta.block_table
-    if requests == table.shape[0]:
-        return table
-    return torch.cat((table, table.new_zeros(requests - table.shape[0], table.shape[1])))
-
-
-def pad_query_ends(tokens: int, ends: list[int], kv_lens: list[int],
-                   min_kv: int = 0) -> tuple[list[int], list[int]]:
-    """FIA in TND layout needs the last query end to equal the query's T (CANN tiling:
-    "queryT != last element of actualSequenceLengthQ"; vllm-ascend pads
-    actual_seq_lengths_q so: attention_v1.py and its v2 speculators). A FULL graph
-    replayed for fewer tokens than it captured ends with vLLM's zero-token padding
-    requests: the last of them takes the tail rows (kv >= q, reading its block-table row);
-    without one, a padding request is appended (eager only: a task update keeps the
-    captured batch size). Their output rows are never read. `kv_lens` per request, each
-    at least `min_kv` for the padding request."""
-    pad = tokens - (ends[-1] if ends else 0)
-    if pad <= 0:
-        return ends, kv_lens
-    if len(ends) > 1 and ends[-1] == ends[-2] or ends == [0]:
-        return ends[:-1] + [tokens], kv_lens[:-1] + [max(pad, min_kv, kv_lens[-1])]
-    return ends + [tokens], kv_lens + [max(pad, min_kv)]
 
 
 def _soft_capped(vllm_config: VllmConfig | None) -> bool:
@@ -198,6 +173,9 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
         self.dcp_interleave = parallel.cp_kv_cache_interleave_size
         self.speculative = vllm_config.speculative_config is not None
         self._slots_mirror: tuple[tuple[int, int], torch.Tensor] | None = None
+        self._table_mirror: tuple[tuple[int, int], torch.Tensor] | None = None
+        layout = vllm_config.cache_config.kv_cache_layout
+        self.paired = layout is not None and KVCacheLayout[layout].is_block_compact
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> NPUAttentionMetadata:
@@ -226,29 +204,45 @@ class NPUAttentionMetadataBuilder(AttentionMetadataBuilder[NPUAttentionMetadata]
             query_ends=query_ends,
             seq_lens_list=seq_lens_cpu.tolist(),
             seq_lens=seq_lens_cpu,
-            block_table=cm.block_table_tensor[:n_reqs].to(torch.int32),
+            block_table=self._block_ids(cm.block_table_tensor[:n_reqs]),
             slot_mapping=self._int32_slots(cm.slot_mapping[:n_tokens]),
             attn_mask=self.attn_mask,
             dcp=dcp,
             pcp=pcp,
         )
 
+    def _block_ids(self, table: torch.Tensor) -> torch.Tensor:
+        if table.dtype != torch.int32:
+            table = table.to(torch.int32)
+        if not self.paired:
+            return table  # vLLM's persistent table: graph tasks read it in place
+        # paired pages: written into a mirror of vLLM's table, which captured tasks read
+        return kv_layout.paired_block_ids(self._mirrored(table, "_table_mirror"))
+
     def _int32_slots(self, slots: torch.Tensor) -> torch.Tensor:
-        """vLLM's int64 slots as the int32 the NPU ops take, written at the same place of
-        an int32 mirror of the buffer they are a view of (vLLM's per-step slot mapping):
-        a captured graph's cache-write task then finds each step's slots where it read
-        the captured ones, and views of one buffer (micro-batches) stay apart."""
+        """vLLM's int64 slots as the int32 the NPU ops take (see _mirrored)."""
         if slots.dim() != 1 or not slots.is_contiguous():
-            return slots.to(torch.int32)
-        storage = slots.untyped_storage()
+            out = slots.to(torch.int32)
+        else:
+            out = self._mirrored(slots, "_slots_mirror")
+        if self.paired:
+            kv_layout.paired_slots(out, self.kv_cache_spec.block_size)
+        return out
+
+    def _mirrored(self, src: torch.Tensor, attr: str) -> torch.Tensor:
+        """`src` (a view of one of vLLM's per-step buffers) as int32, written at the same
+        place of an int32 mirror of that buffer: a captured graph's task then finds each
+        step's values where it read the captured ones, and views of one buffer
+        (micro-batches) stay apart."""
+        storage = src.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
-        mirror = self._slots_mirror  # read once: builders shared across threads stay apart
+        mirror = getattr(self, attr)  # read once: builders shared across threads stay apart
         if mirror is None or mirror[0] != key:
-            mirror = (key, torch.empty(storage.nbytes() // slots.element_size(),
-                                       dtype=torch.int32, device=slots.device))
-            self._slots_mirror = mirror
-        start = slots.storage_offset()
-        return mirror[1][start:start + slots.numel()].copy_(slots)
+            mirror = (key, torch.empty(storage.nbytes() // src.element_size(),
+                                       dtype=torch.int32, device=src.device))
+            setattr(self, attr, mirror)
+        return mirror[1].as_strided(src.shape, src.stride(),
+                                    src.storage_offset()).copy_(src)
 
 
 class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
@@ -309,7 +303,7 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         device tensors its tasks already hold, instead of four fresh views per call)."""
         views = self._views
         if views is None or views[0] is not kv_cache:
-            k_plane, v_plane = kv_cache[:, 0], kv_cache[:, 1]
+            k_plane, v_plane, _ = kv_layout.paired_planes(kv_cache)
             views = self._views = (kv_cache, k_plane, v_plane, *(
                 plane.view(*plane.shape[:2], self.num_kv_heads, self.head_size)
                 for plane in (k_plane, v_plane)))

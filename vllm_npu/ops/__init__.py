@@ -33,6 +33,13 @@ OP_NAMES = (
     "npu_bgmv_expand",
     "npu_sgmv_shrink",
     "npu_sgmv_expand",
+    "npu_causal_conv1d",
+    "npu_causal_conv1d_update",
+    "npu_mamba_chunk_scan",
+    "npu_selective_state_update",
+    "npu_chunk_gated_delta_rule",
+    "npu_recurrent_gated_delta_rule",
+    "npu_batch_memcpy",
 )
 
 if select_backend().simulated:

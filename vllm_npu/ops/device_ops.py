@@ -89,3 +89,34 @@ def npu_sgmv_expand(x, weights, indices, seq_len, y, slice_offset, slice_size):
 
     npu_bgmv_expand(x, weights, torch.repeat_interleave(indices, seq_len), y, slice_offset,
                     slice_size)
+
+
+# Mamba-2 and Gated DeltaNet: vllm-ascend runs AscendC / Triton-Ascend kernels for these
+# (npu_causal_conv1d_custom, torch_npu.npu_chunk_gated_delta_rule,
+# npu_recurrent_gated_delta_rule; no Mamba-2 SSD kernel). Their argument conventions are
+# unverified here, so a device runs the simulator's plain-PyTorch twins (correct, not
+# fast); docs/device.md lists them.
+from vllm_npu.ops.sim.gdn import (  # noqa: E402, F401 (the surface re-exports them)
+    npu_chunk_gated_delta_rule,
+    npu_recurrent_gated_delta_rule,
+)
+from vllm_npu.ops.sim.mamba import (  # noqa: E402, F401
+    npu_causal_conv1d,
+    npu_causal_conv1d_update,
+    npu_mamba_chunk_scan,
+    npu_selective_state_update,
+)
+
+
+def npu_batch_memcpy(src_ptrs, dst_ptrs, sizes):
+    """Device-to-device copies by address: CANN's aclrtMemcpy (dst, destMax, src, count,
+    ACL_MEMCPY_DEVICE_TO_DEVICE = 3), one per triple, on the current device. Unverified on
+    a device (docs/device.md)."""
+    import ctypes
+
+    acl = ctypes.CDLL("libascendcl.so")
+    for src, dst, size in zip(src_ptrs.tolist(), dst_ptrs.tolist(), sizes.tolist()):
+        status = acl.aclrtMemcpy(ctypes.c_void_p(dst), ctypes.c_size_t(size),
+                                 ctypes.c_void_p(src), ctypes.c_size_t(size), 3)
+        if status != 0:
+            raise RuntimeError(f"aclrtMemcpy failed with status {status}")

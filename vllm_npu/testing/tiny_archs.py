@@ -80,6 +80,41 @@ def _ernie45_moe(**ids):
 _MOE = dict(num_experts_per_tok=2, moe_intermediate_size=64)
 
 
+# decay and step parameters keep HF's initial values (scaled, every state decays at once)
+_SSM_PARAMS = ("A_log", "dt_bias", ".D")
+
+
+def _granite_hybrid(**ids):
+    """Granite 4.0-H: Mamba-2 mixers between attention layers (NoPE), MoE with a shared
+    MLP. A small SSD chunk so prompts span several chunks. One B/C group, as Granite
+    4.0-H ships: HF's PyTorch path normalises the gated output over all groups at once,
+    vLLM per group (as the mamba_ssm kernels do), which differ from two groups on."""
+    from transformers import GraniteMoeHybridConfig
+
+    gqa = dict(_GQA_NO_HEAD_DIM, num_hidden_layers=4, intermediate_size=64)
+    return GraniteMoeHybridConfig(**gqa, layer_types=["mamba", "attention"] * 2,
+                                  mamba_n_heads=8, mamba_d_head=32, mamba_n_groups=1,
+                                  mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+                                  mamba_chunk_size=16, num_local_experts=4,
+                                  num_experts_per_tok=2, shared_intermediate_size=128,
+                                  position_embedding_type="nope", embedding_multiplier=2.0,
+                                  logits_scaling=2.0, residual_multiplier=0.5,
+                                  attention_multiplier=1 / 32 ** 0.5,
+                                  tie_word_embeddings=False, **ids)
+
+
+def _qwen3_next(**ids):
+    """Qwen3-Next: Gated DeltaNet layers between gated full-attention layers, MoE."""
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(**dict(_GQA, num_hidden_layers=4), layer_types=[
+        "linear_attention", "full_attention"] * 2, linear_conv_kernel_dim=4,
+        linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
+        linear_num_value_heads=4, num_experts=8, shared_expert_intermediate_size=128,
+        rope_parameters=dict(_ROPE, partial_rotary_factor=0.25), tie_word_embeddings=False,
+        **_MOE, **ids)
+
+
 def _hf(config_class: str, **kwargs):
     """A factory building HF's `config_class` from the shared sizes plus `kwargs`."""
     def factory(**ids):
@@ -135,6 +170,9 @@ ARCHS = {
                         topk_group=1, topk_method="group_limited_greedy",
                         first_k_dense_replace=1, rope_parameters=_ROPE, **_MOE),
                     ("gate.weight",), 4.0),
+    "granite_hybrid": (_granite_hybrid, ("router.layer.weight",) + _SSM_PARAMS, 4.0),
+    "qwen3_next": (_qwen3_next, ("gate.weight", "shared_expert_gate.weight") + _SSM_PARAMS,
+                   4.0),
     "minimax_m2": (_hf("MiniMaxM2Config", **_GQA, num_local_experts=8, num_experts_per_tok=2,
                        rope_parameters=dict(_ROPE, partial_rotary_factor=0.5),
                        scoring_func="sigmoid", use_routing_bias=True, rotary_dim=16),

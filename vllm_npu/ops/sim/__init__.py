@@ -9,13 +9,16 @@ from vllm_npu.ops.sim import (
     attention_update,
     attention_v2,
     cache,
+    gdn,
     linear,
     lora,
+    mamba,
     mla,
     moe,
     norm,
     quant,
     rotary,
+    state_copy,
 )
 from vllm_npu.ops.sim.graph import graph_op
 from vllm_npu.ops.sim.opaque import opaque
@@ -70,3 +73,15 @@ npu_bgmv_shrink = graph_op(lora.npu_bgmv_shrink)
 npu_bgmv_expand = graph_op(lora.npu_bgmv_expand)
 npu_sgmv_shrink = graph_op(lora.npu_sgmv_shrink)
 npu_sgmv_expand = graph_op(lora.npu_sgmv_expand)
+# Mamba-2: prefills read their request bounds on the host (eager); decodes are graph tasks
+# whose state rows and indices are device data read at replay.
+npu_causal_conv1d = graph_op(mamba.npu_causal_conv1d)
+npu_mamba_chunk_scan = graph_op(mamba.npu_mamba_chunk_scan)
+npu_causal_conv1d_update = graph_op(mamba.npu_causal_conv1d_update)
+npu_selective_state_update = graph_op(mamba.npu_selective_state_update)
+# Gated DeltaNet: the chunked rule for prefills (host request lengths, eager), the
+# recurrent step for decodes (a graph task: state rows and indices are device data).
+npu_chunk_gated_delta_rule = graph_op(gdn.npu_chunk_gated_delta_rule,
+                                      host_args=("actual_seq_lengths",))
+npu_recurrent_gated_delta_rule = graph_op(gdn.npu_recurrent_gated_delta_rule)
+npu_batch_memcpy = state_copy.npu_batch_memcpy  # host-driven copies: not a graph task

@@ -127,7 +127,8 @@ _REISSUED = object()  # a pending update call's layouts: `relaunch` kept the tas
 # entries, e.g. MLA's weight-absorption matmuls around its attention task, the MoE layer's
 # routing, the HCCL binding's graph-op collectives).
 _OPAQUE_NAMESPACE = "vllm"
-_OPAQUE_PREFIXES = ("unified_", "moe_forward", "all_reduce", "all_gather", "reduce_scatter")
+_OPAQUE_PREFIXES = ("unified_", "moe_forward", "all_reduce", "all_gather", "reduce_scatter",
+                    "mamba_mixer2", "qwen_gdn_attention_core")
 _OPAQUE_KERNEL_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 
