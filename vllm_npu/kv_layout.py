@@ -29,11 +29,11 @@ def latent_planes(kv_cache: torch.Tensor, kv_lora_rank: int) -> tuple[torch.Tens
 
 
 
-def paired_planes(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+def paired_planes(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One attention layer's cache memory ([num_blocks, 2, bs, C] as vLLM views it) as the
     contiguous K and V caches the NPU's cache-write and attention ops take (ATB
     ReshapeAndCache and FIA read dense [blocks, bs, ...] tensors; a strided plane would
-    be copied whole on every call). Returns (k, v, paired).
+    be copied whole on every call). Returns (k, v).
 
     Separate planes (LHBNC, every model without Mamba-style state): K = kv_cache[:, 0]
     and V = kv_cache[:, 1] are each contiguous; vLLM's block ids address both.
@@ -50,12 +50,12 @@ def paired_planes(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, b
     unnecessary."""
     k, v = kv_cache[:, 0], kv_cache[:, 1]
     if k.is_contiguous() and v.is_contiguous():
-        return k, v, False
+        return k, v
     if not kv_cache.is_contiguous():
         raise ValueError(f"NPU attention: a KV cache of stride {kv_cache.stride()} is "
                          "neither separate K/V planes nor block-compact pages")
     halves = kv_cache.view(-1, *kv_cache.shape[2:])
-    return halves[:-1], halves[1:], True
+    return halves[:-1], halves[1:]
 
 
 def paired_block_ids(block_table: torch.Tensor) -> torch.Tensor:

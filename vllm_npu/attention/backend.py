@@ -303,7 +303,7 @@ class NPUAttentionImpl(AttentionImpl[NPUAttentionMetadata]):
         device tensors its tasks already hold, instead of four fresh views per call)."""
         views = self._views
         if views is None or views[0] is not kv_cache:
-            k_plane, v_plane, _ = kv_layout.paired_planes(kv_cache)
+            k_plane, v_plane = kv_layout.paired_planes(kv_cache)
             views = self._views = (kv_cache, k_plane, v_plane, *(
                 plane.view(*plane.shape[:2], self.num_kv_heads, self.head_size)
                 for plane in (k_plane, v_plane)))
