@@ -398,6 +398,37 @@ def _batch_memcpy(ops, dev, dtype, gen):
     return [dst]
 
 
+def _indexer_cache(ops, dev, dtype, gen):
+    cache = torch.zeros(3, 16, 1, 128, dtype=dtype, device=dev)
+    rows = _randn(gen, 5, 1, 128, dtype=dtype, dev=dev)
+    ops._npu_reshape_and_cache_siso(rows, cache, torch.tensor([3, -1, 40, 17, 0],
+                                                              dtype=torch.int32).to(dev))
+    return [cache]
+
+
+def _sparse_mla(ops, dev, dtype, gen):
+    """DeepSeek-V3.2: the indexer picks 8 keys per token of a prefill (20 new tokens over
+    35 keys) and a decode (1 over 50); sparse MLA attends them on the latent cache."""
+    i32 = lambda *v: torch.tensor(v, dtype=torch.int32).to(dev)  # noqa: E731
+    table, q_ends, kv_lens = i32([0, 1, 0, 0], [2, 3, 4, 1]), i32(20, 21), i32(35, 50)
+    index_keys = _randn(gen, 5, 16, 1, 128, dtype=dtype, dev=dev)
+    picked, _ = ops.npu_lightning_indexer(
+        _randn(gen, 21, 8, 128, dtype=dtype, dev=dev), index_keys,
+        _randn(gen, 21, 8, dtype=dtype, dev=dev), actual_seq_lengths_query=q_ends,
+        actual_seq_lengths_key=kv_lens, block_table=table, layout_query="TND",
+        layout_key="PA_BSND", sparse_count=8, sparse_mode=3)
+    latent = _randn(gen, 5, 16, 1, 512, dtype=dtype, dev=dev)
+    out, _, _ = ops.npu_sparse_flash_attention(
+        _randn(gen, 21, 4, 512, dtype=dtype, dev=dev, scale=0.05), latent, latent,
+        picked, 0.1, block_table=table, actual_seq_lengths_query=q_ends,
+        actual_seq_lengths_kv=kv_lens,
+        query_rope=_randn(gen, 21, 4, 64, dtype=dtype, dev=dev, scale=0.05),
+        key_rope=_randn(gen, 5, 16, 1, 64, dtype=dtype, dev=dev), sparse_block_size=1,
+        layout_query="TND", layout_kv="PA_BSND", sparse_mode=3, attention_mode=2)
+    # the picks as sorted sets (the kernel's order within a row is undocumented)
+    return [picked.sort(dim=-1).values.float(), out]
+
+
 def _graph_round_trip(ops, dev, dtype, gen, backend):
     """Capture a paged-attention task at lengths A, update it to B, replay: equals eager B.
     The plugin's protocol (compilation/acl_graph.py): the replay waits on an ExternalEvent
@@ -458,6 +489,8 @@ CASES = [
     Case("npu_mamba_chunk_scan+npu_selective_state_update", _ssd),
     Case("npu_chunk_gated_delta_rule+npu_recurrent_gated_delta_rule", _gdn),
     Case("npu_batch_memcpy", _batch_memcpy, atol=0.0),
+    Case("_npu_reshape_and_cache_siso", _indexer_cache, atol=0.0),
+    Case("npu_lightning_indexer+npu_sparse_flash_attention", _sparse_mla),
 ]
 GRAPH_CASE = "graph:paged_attention capture/update/replay"
 

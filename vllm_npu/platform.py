@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,6 +30,12 @@ if TYPE_CHECKING:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 logger = logging.getLogger("vllm.npu")
+# vLLM turns on its breakable CUDA graphs for DeepSeek-V3.2-style models by setting this
+# variable process-wide (VllmConfig._maybe_enable_breakable_cudagraph), which switches
+# torch.compile off for that engine and every later one in the process. The NPU has no
+# breakable graphs (ACL graphs are captured whole or piecewise); an explicit user setting
+# still wins.
+os.environ.setdefault("VLLM_USE_BREAKABLE_CUDAGRAPH", "0")
 _BACKEND = select_backend()
 SIMULATED = _BACKEND.simulated
 GiB = 1 << 30
@@ -142,7 +149,7 @@ class NPUPlatform(Platform):
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config,
                              num_heads: int | None = None) -> str:
         if getattr(attn_selector_config, "use_mla", False):
-            from vllm_npu.attention.mla import select_mla_backend
+            from vllm_npu.attention.mla_select import select_mla_backend
 
             return select_mla_backend(selected_backend, attn_selector_config)
         if selected_backend is not None and selected_backend.name != "CUSTOM":

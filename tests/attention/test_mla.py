@@ -430,8 +430,16 @@ def test_platform_selects_npu_mla_backend():
     assert NPUPlatform.get_attn_backend_cls(None, _selector(use_pcp=True)) == path
 
 
+def test_platform_selects_sparse_mla_for_indexer_models():
+    from vllm_npu.attention.sparse_mla import NPUSparseMLABackend
+
+    path = NPUPlatform.get_attn_backend_cls(None, _selector(use_sparse=True))
+    assert path == NPUSparseMLABackend.full_path() != NPUMLABackend.full_path()
+    with pytest.raises(ValueError, match="latent head size 600"):
+        NPUPlatform.get_attn_backend_cls(None, _selector(use_sparse=True, head_size=600))
+
+
 @pytest.mark.parametrize("kw, match", [
-    (dict(use_sparse=True), "sparse"),
     (dict(head_size=600), "latent head size"),
     (dict(head_size=50), "latent head size"),
     (dict(head_size=48), "take kv_lora_rank 512 and qk_rope_head_dim 64"),

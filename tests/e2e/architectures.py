@@ -75,6 +75,14 @@ ARCHS = {
     "minimax_m2": Arch("MiniMaxM2ForCausalLM", "minimax_m2",
                        f"{FIA}, partial rotary; sigmoid routing with a selection bias",
                        (FULL_AND_PIECEWISE,)),
+    "deepseek_v32": Arch("DeepseekV32ForCausalLM", "deepseek_v32",
+                         "sparse MLA: npu_lightning_indexer picks each token's top-k keys "
+                         "from its own bf16 key cache, npu_sparse_flash_attention attends "
+                         "them on the latent cache; sigmoid grouped routing, shared expert",
+                         (FULL_AND_PIECEWISE,), "TP2+EP2", proof=(("index_topk", 4096),),
+                         note="no FULL graphs yet (sparse ops not graph tasks): "
+                              "FULL_AND_PIECEWISE runs as PIECEWISE; chunked prefill, "
+                              "prefix caching, preemption: test_hybrid_models"),
     "granite_hybrid": Arch("GraniteMoeHybridForCausalLM", "granite_hybrid",
                            "Mamba-2 mixers (causal conv1d, SSD chunk scan, selective-state "
                            "update) between NoPE attention layers on paired K/V half-pages; "
@@ -105,7 +113,6 @@ ARCHS = {
 NOT_SERVED = {
     "KimiLinearForCausalLM": "vLLM 0.33's model imports `cutlass` (CUDA only), with any platform",
     "Qwen3_5ForCausalLM": "vLLM 0.33 imports its vision code, which needs torchvision",
-    "DeepseekV32ForCausalLM": "sparse MLA with the lightning indexer: not yet",
 }
 
 

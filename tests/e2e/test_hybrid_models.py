@@ -1,8 +1,11 @@
-"""Hybrid models (Mamba-2 / Gated DeltaNet layers beside attention) keep their per-request
-state right through what the engine does to requests: prompts longer than one prefill
-chunk, prefix-cache hits (vLLM's 'align' mode restores the state saved at a block
-boundary), preemption under a small KV pool, and aborts. Every answer is HF's greedy
-tokens for the same prompt; engines run vLLM's default graph mode and block size."""
+"""Models whose KV pool holds more than attention's K/V keep it right through what the
+engine does to requests: the hybrids' per-request state (Mamba-2 / Gated DeltaNet layers
+beside attention) and DeepSeek-V3.2's indexer key cache (its own KV cache group beside
+the latent cache; the indexer picks 16 keys per token, so every prompt here attends
+sparsely). Prompts longer than one prefill chunk, prefix-cache hits (for the hybrids,
+vLLM's 'align' mode restores the state saved at a block boundary), preemption under a
+small KV pool, and aborts. Every answer is HF's greedy tokens for the same prompt;
+engines run vLLM's default graph mode and block size."""
 from __future__ import annotations
 
 import functools
@@ -12,10 +15,10 @@ import pytest
 from tests.helpers.engine import generate, metric, shutdown, vocab
 from tests.helpers.reference import hf_greedy, random_prompt
 
-MODELS = ("granite_hybrid", "qwen3_next")
+MODELS = ("granite_hybrid", "qwen3_next", "deepseek_v32")
 MAX_TOKENS = 8
 LONG = 40  # tokens past the prompt in the preemption test
-BLOCK = 128  # vLLM's hybrid alignment gives the attention layers 128-token blocks here
+BLOCK = 128  # the hybrids' aligned attention blocks and MLA's: 128 tokens
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +99,17 @@ def test_preemption_and_aborts_leave_the_state_consistent(hybrid_root, name):
     assert got == want
     assert preempted > 0, "the pool was large enough for every request: nothing preempted"
     assert usage == 0.0
+
+
+def test_sparse_attention_refuses_speculative_decoding_at_startup(hybrid_root):
+    """MTP shares the indexer's picks across draft steps, which the NPU path does not do:
+    the engine stops while building the model, naming the setting."""
+    path = _build(str(hybrid_root), "deepseek_v32")
+    from vllm.distributed import cleanup_dist_env_and_memory
+
+    try:
+        with pytest.raises(NotImplementedError, match="without --speculative-config"):
+            _llm(path, speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                           "prompt_lookup_max": 3})
+    finally:
+        cleanup_dist_env_and_memory()  # the in-process engine stopped half-built

@@ -88,15 +88,16 @@ from vllm_npu.ops.sim.fia_shapes import (
 MLA_BLOCK_SIZE = ATB_MLA_BLOCK  # ATB's MLA decode: block_size 128
 
 
-def padded_heads(num_heads: int) -> int:
+def padded_heads(num_heads: int, choices: tuple[int, ...] = ATB_MLA_HEADS) -> int:
     """The query heads the MLA decode ops run: ATB MLA takes {8, 16, 32, 64, 128}, the fused
-    op's MLA form powers of two up to 128; other counts are padded with zero queries whose
-    outputs are dropped (vllm-ascend pads to the next power of two, mla_v1.py)."""
-    for heads in ATB_MLA_HEADS:
+    op's MLA form powers of two up to 128 (sparse attention's `choices` likewise); other
+    counts are padded with zero queries whose outputs are dropped (vllm-ascend pads to the
+    next power of two, mla_v1.py)."""
+    for heads in choices:
         if num_heads <= heads:
             return heads
     raise ValueError(f"NPU MLA: {num_heads} query heads per rank; the MLA kernels take at "
-                     f"most {ATB_MLA_HEADS[-1]} (raise the tensor-parallel size)")
+                     f"most {choices[-1]} (raise the tensor-parallel size)")
 
 
 def _pad_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -138,33 +139,6 @@ class NPUMLABackend(MLACommonBackend):
     @staticmethod
     def get_builder_cls() -> type[NPUMLAMetadataBuilder]:
         return NPUMLAMetadataBuilder
-
-
-def select_mla_backend(selected_backend, cfg) -> str:
-    """The platform's MLA branch: NPUMLABackend's path, or why this model cannot use it."""
-    if selected_backend is not None and selected_backend.name not in ("CUSTOM", "NPU_MLA"):
-        raise ValueError(f"Attention backend {selected_backend.name} is not available on the "
-                         "NPU platform for MLA models; valid: CUSTOM or unset")
-    if cfg.use_sparse:
-        raise NotImplementedError("vllm_npu: sparse MLA (DeepSeek-V3.2 indexer) is not "
-                                  "supported")
-    b = NPUMLABackend
-    reasons = [why for bad, why in (
-        (not b.supports_head_size(cfg.head_size),
-         (f"latent head size {cfg.head_size} (kv_lora_rank + qk_rope_head_dim): the NPU's "
-          f"MLA kernels take kv_lora_rank {ATB_MLA_LATENT} and qk_rope_head_dim "
-          f"{ATB_MLA_ROPE}")),
-        (not b.supports_dtype(cfg.dtype), f"dtype {cfg.dtype}"),
-        (not b.supports_kv_cache_dtype(cfg.kv_cache_dtype), f"kv cache {cfg.kv_cache_dtype}"),
-        (not b.supports_block_size(cfg.block_size),
-         f"block size {cfg.block_size} (needs a multiple of {MLA_BLOCK_SIZE})"),
-        (not b.supports_attn_type(cfg.attn_type), f"attention type {cfg.attn_type}"),
-        (cfg.has_sliding_window, "sliding window"),
-        (cfg.has_sink, "attention sinks"),
-    ) if bad]
-    if reasons:
-        raise ValueError(f"NPU MLA backend cannot run this model: {reasons}")
-    return b.full_path()
 
 
 @dataclass

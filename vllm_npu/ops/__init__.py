@@ -40,6 +40,9 @@ OP_NAMES = (
     "npu_chunk_gated_delta_rule",
     "npu_recurrent_gated_delta_rule",
     "npu_batch_memcpy",
+    "_npu_reshape_and_cache_siso",
+    "npu_lightning_indexer",
+    "npu_sparse_flash_attention",
 )
 
 if select_backend().simulated:

@@ -107,6 +107,17 @@ from vllm_npu.ops.sim.mamba import (  # noqa: E402, F401
     npu_selective_state_update,
 )
 
+# DeepSeek-V3.2 sparse attention: vllm-ascend builds the lightning indexer and sparse flash
+# attention as its own AscendC ops (torch.ops._C_ascend, csrc/torch_binding.cpp), which
+# this plugin does not ship; a device runs the simulator's plain-PyTorch twins with the
+# same arguments (correct, not fast; docs/device.md). The indexer cache write is ATB's.
+from vllm_npu.ops.sim.sparse_attention import (  # noqa: E402, F401
+    npu_lightning_indexer,
+    npu_sparse_flash_attention,
+)
+
+_npu_reshape_and_cache_siso = torch_npu._npu_reshape_and_cache_siso
+
 
 def npu_batch_memcpy(src_ptrs, dst_ptrs, sizes):
     """Device-to-device copies by address: CANN's aclrtMemcpy (dst, destMax, src, count,

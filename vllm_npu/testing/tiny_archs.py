@@ -115,6 +115,23 @@ def _qwen3_next(**ids):
         **_MOE, **ids)
 
 
+def _deepseek_v32(**ids):
+    """DeepSeek-V3.2: MLA whose keys a lightning indexer picks (top 16 per query, so
+    prompts past 16 tokens attend sparsely); the sizes the NPU kernels take (latent 512,
+    rope 64, index heads of 128), a dense first layer then sigmoid-routed MoE."""
+    from transformers import DeepseekV32Config
+
+    return DeepseekV32Config(**dict(_DENSE, num_key_value_heads=4), intermediate_size=256,
+                             kv_lora_rank=512, q_lora_rank=32, qk_rope_head_dim=64,
+                             qk_nope_head_dim=32, v_head_dim=32, index_topk=16,
+                             index_n_heads=16, index_head_dim=128, n_routed_experts=8,
+                             n_shared_experts=1, n_group=2, topk_group=1,
+                             first_k_dense_replace=1, rope_parameters=_ROPE, **_MOE,
+                             # what DeepSeek-V3.2's config.json says and vLLM reads (HF's
+                             # router is sigmoid + selection bias without asking)
+                             scoring_func="sigmoid", topk_method="noaux_tc", **ids)
+
+
 def _hf(config_class: str, **kwargs):
     """A factory building HF's `config_class` from the shared sizes plus `kwargs`."""
     def factory(**ids):
@@ -170,6 +187,7 @@ ARCHS = {
                         topk_group=1, topk_method="group_limited_greedy",
                         first_k_dense_replace=1, rope_parameters=_ROPE, **_MOE),
                     ("gate.weight",), 4.0),
+    "deepseek_v32": (_deepseek_v32, ("gate.weight", "e_score_correction_bias"), 4.0),
     "granite_hybrid": (_granite_hybrid, ("router.layer.weight",) + _SSM_PARAMS, 4.0),
     "qwen3_next": (_qwen3_next, ("gate.weight", "shared_expert_gate.weight") + _SSM_PARAMS,
                    4.0),

@@ -18,6 +18,7 @@ from vllm_npu.ops.sim import (
     norm,
     quant,
     rotary,
+    sparse_attention,
     state_copy,
 )
 from vllm_npu.ops.sim.graph import graph_op
@@ -85,3 +86,8 @@ npu_chunk_gated_delta_rule = graph_op(gdn.npu_chunk_gated_delta_rule,
                                       host_args=("actual_seq_lengths",))
 npu_recurrent_gated_delta_rule = graph_op(gdn.npu_recurrent_gated_delta_rule)
 npu_batch_memcpy = state_copy.npu_batch_memcpy  # host-driven copies: not a graph task
+# DeepSeek-V3.2: the indexer's key write, its top-k and sparse MLA attention; lengths,
+# block tables and indices are device int32 tensors read at replay.
+_npu_reshape_and_cache_siso = graph_op(cache._npu_reshape_and_cache_siso)
+npu_lightning_indexer = graph_op(sparse_attention.npu_lightning_indexer)
+npu_sparse_flash_attention = graph_op(sparse_attention.npu_sparse_flash_attention)

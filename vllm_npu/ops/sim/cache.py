@@ -71,3 +71,32 @@ def reshape_and_cache_launch(key: torch.Tensor, value: torch.Tensor, key_cache: 
     if keys is None or values is None:
         return None
     return keys, values
+
+
+_SISO = "_npu_reshape_and_cache_siso"
+
+
+def _npu_reshape_and_cache_siso(key: torch.Tensor, key_cache: torch.Tensor,
+                                slot_indices: torch.Tensor) -> None:
+    """ATB ReshapeAndCache with one input and one cache ("single in, single out";
+    torch_npu `_npu_reshape_and_cache_siso(key, key_cache, slot_indices)`, op-plugin's ATB
+    binding; torch_npu test_reshape_and_cache_siso: negative slots skipped): the
+    DeepSeek-V3.2 indexer's key rows into its own cache."""
+    for name, t in (("key", key), ("key_cache", key_cache)):
+        check_dtype(_SISO, name, t)
+    check_dim(_SISO, "key", key, 3)
+    check_dim(_SISO, "key_cache", key_cache, 4)
+    check_contiguous(_SISO, key_cache=key_cache)
+    if key.dtype != key_cache.dtype or key.shape[1:] != key_cache.shape[2:]:
+        raise NPUOpError(f"{_SISO}: key {key.dtype} {tuple(key.shape)} does not fit cache "
+                         f"{key_cache.dtype} {tuple(key_cache.shape)}")
+    if slot_indices.dtype != torch.int32 or slot_indices.shape != (key.shape[0],):
+        raise NPUOpError(f"{_SISO}: slot_indices must be int32 of shape ({key.shape[0]},), "
+                         f"got {slot_indices.dtype} {tuple(slot_indices.shape)}")
+    capacity = key_cache.shape[0] * key_cache.shape[1]
+    slots = slot_indices.long()
+    if slots.numel() and int(slots.max()) >= capacity:
+        raise NPUOpError(f"{_SISO}: slot indices must be < {capacity} (negative = padding, "
+                         f"skipped), got max {int(slots.max())}")
+    keep = slots >= 0
+    key_cache.view(capacity, *key_cache.shape[2:]).index_copy_(0, slots[keep], key[keep])
