@@ -8,8 +8,81 @@ from pathlib import Path
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # Every connection the tests make (process groups, engine message queues) stays on loopback.
 os.environ["VLLM_HOST_IP"] = "127.0.0.1"
+# No usage reports: each engine would start a thread posting to vLLM's stats server.
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+
+import gc  # noqa: E402
 
 import pytest  # noqa: E402
+
+# vLLM collects the whole heap about eight times per engine (freeze_gc_heap at start-up,
+# around graph capture, after the profile run, cleanup_dist_env_and_memory at shutdown)
+# and unfreezes it each time: frees GPU memory held by cycles. In one long pytest process
+# the heap is ~0.8M objects of imports plus what earlier tests keep (cached HF references,
+# Dynamo's caches; 1.9M after test_architectures), so each full collection took 0.5-1.1 s:
+# measured, 45-60% of an engine test's time. Here, what survives a test module is
+# collected once and frozen for good (`_freeze_what_survives_each_module`), and vLLM's
+# freeze / unfreeze are no-ops in this process, so its collections scan only the objects
+# made since; engines in other processes (TP workers, servers) keep vLLM's behaviour.
+# `real_gc_freeze` gives a test the real pair back.
+REAL_GC_FREEZE, REAL_GC_UNFREEZE = gc.freeze, gc.unfreeze
+gc.freeze = gc.unfreeze = lambda: None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _freeze_the_imports():
+    """The libraries every engine test imports, loaded and frozen before the first test."""
+    import transformers  # noqa: F401
+    import vllm.entrypoints.llm  # noqa: F401
+
+    _RESTORE_HF_CONFIGS.append(_pristine_hf_config_registry())
+    gc.collect()
+    REAL_GC_FREEZE()
+
+
+def _pristine_hf_config_registry():
+    """vLLM 0.33 renames HF's DeepseekV3Config to 'deepseek_v32' and registers it with
+    AutoConfig under that name once it loads a DeepSeek-V3.2 checkpoint
+    (transformers_utils/config.py `_register_config_class`, process-wide): afterwards a
+    tiny DeepSeek-V3 checkpoint is written as deepseek_v32 and HF loads a DeepSeek-V3.2
+    reference as DeepSeek-V3 (no indexer). Returns a function that puts both back."""
+    from transformers import DeepseekV3Config
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type, extra = DeepseekV3Config.model_type, dict(CONFIG_MAPPING._extra_content)
+
+    def restore() -> None:
+        DeepseekV3Config.model_type = model_type
+        CONFIG_MAPPING._extra_content.clear()
+        CONFIG_MAPPING._extra_content.update(extra)
+    return restore
+
+
+_RESTORE_HF_CONFIGS = []
+
+
+@pytest.fixture(autouse=True)
+def _hf_configs_as_transformers_defines_them():
+    """Each test (and its HF reference) sees transformers' own config registry."""
+    for restore in _RESTORE_HF_CONFIGS:
+        restore()
+    yield
+    for restore in _RESTORE_HF_CONFIGS:
+        restore()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _freeze_what_survives_each_module():
+    yield
+    gc.collect()
+    REAL_GC_FREEZE()
+
+
+@pytest.fixture
+def real_gc_freeze(monkeypatch):
+    """vLLM's gc.freeze / gc.unfreeze as they are outside the test process."""
+    monkeypatch.setattr(gc, "freeze", REAL_GC_FREEZE)
+    monkeypatch.setattr(gc, "unfreeze", REAL_GC_UNFREEZE)
 
 
 @pytest.fixture(scope="session")

@@ -2,13 +2,14 @@
 --device npu` prefill and decode instances, vLLM's MooncakeConnector (the NPU subclass), the
 plugin's router; greedy tokens through the router against HF transformers (float32).
 
-Three deployments, each started once for its test class (one alive at a time):
+Four deployments, each started once for its test class (one alive at a time):
 - Llama 2P1D: a TP=1 and a TP=2 prefill instance (heterogeneous TP: the decode side
   reorders the TP=2 producer's block slices), one decode instance. It also serves the
   prefix-cache, transfer-error and killed-prefill cases (the kill is the module's last test).
 - Llama 1P1D with prefill TP=1 < decode TP=2, `kv_load_failure_policy=recompute`: the
   transfer is refused with its reason and the decode side recomputes.
-- DeepSeek-V3-style MLA 1P1D, prefill TP=2 -> decode TP=1 (the latent cache is replicated).
+- DeepSeek-V3-style MLA and DeepSeek-V3.2 (latent cache + indexer keys) 1P1D, prefill
+  TP=2 -> decode TP=1 (both caches are replicated).
 """
 from __future__ import annotations
 
@@ -227,19 +228,29 @@ class TestPrefillTPBelowDecodeTP:
         wait_idle([c.prefills[0].url, decode])
 
 
-@pytest.fixture(scope="class")
-def mla_p_tp2(parity_dtype, tmp_path_factory):
+@pytest.fixture(scope="class", params=["deepseek_v3", "deepseek_v32"])
+def mla_p_tp2(request, parity_dtype, tmp_path_factory):
+    """DeepSeek-V3-style MLA (latent 512 + 64, nope / value 32), and DeepSeek-V3.2, whose
+    indexer keys (picking 16 keys per token: every prompt here attends sparsely) sit in the
+    pool beside the latent cache and must travel with it."""
+    from vllm_npu.testing.tiny_archs import build_tiny_arch
     from vllm_npu.testing.tiny_model import build_tiny_model
 
-    path = build_tiny_model(str(tmp_path_factory.mktemp("pd-mla") / "dsv3"),
-                            arch="deepseek_v3")  # latent 512 + 64, nope / value 32
+    root = tmp_path_factory.mktemp(f"pd-{request.param}")
+    path = build_tiny_arch(str(root / "model"), request.param) \
+        if request.param == "deepseek_v32" else \
+        build_tiny_model(str(root / "model"), arch=request.param)
     with cluster(path, tmp_path_factory.mktemp("pd-mla-logs"), parity_dtype,
                  prefill_tp=(2,), decode_tp=(1,)) as c:
         yield c, path
 
 
+def _hf(path: str, prompt: list[int]) -> list[int]:
+    return hf_greedy(path, prompt, TOKENS, attn_implementation="eager")
+
+
 class TestMLA:
-    """DeepSeek-V3-style MLA, prefill TP=2 -> decode TP=1."""
+    """MLA models, prefill TP=2 -> decode TP=1 (the latent cache is replicated)."""
 
     def test_mla_latent_cache_over_the_connector(self, mla_p_tp2):
         c, path = mla_p_tp2
@@ -248,11 +259,11 @@ class TestMLA:
         before = sources(decode)
         with cf.ThreadPoolExecutor(8) as pool:
             replies = list(pool.map(lambda p: ask(c.url, p, path), prompts))
-        assert [tokens(r) for r in replies] == [hf_greedy(path, p, TOKENS) for p in prompts]
+        assert [tokens(r) for r in replies] == [_hf(path, p) for p in prompts]
         assert delta(sources(decode), before) == {
             "local_compute": 0, "local_cache_hit": 0,
             "external_kv_transfer": sum(map(len, prompts))}
         # A repeat: its first full block from the decode side's own cache.
-        assert tokens(ask(c.url, prompts[-1], path)) == hf_greedy(path, prompts[-1], TOKENS)
+        assert tokens(ask(c.url, prompts[-1], path)) == _hf(path, prompts[-1])
         assert sources(decode)["local_cache_hit"] - before["local_cache_hit"] == 256
         wait_idle([c.prefills[0].url, decode])

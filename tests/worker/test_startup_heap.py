@@ -6,7 +6,11 @@ from __future__ import annotations
 import gc
 import weakref
 
+import pytest
+
 from tests.helpers.engine import make_llm, shutdown
+
+pytestmark = pytest.mark.usefixtures("real_gc_freeze")  # the test process stubs them
 
 
 def _tracked(obj) -> bool:

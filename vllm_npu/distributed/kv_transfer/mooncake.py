@@ -95,7 +95,8 @@ class NPUMooncakeConnectorWorker(upstream.MooncakeConnectorWorker):
         rope: vllm_npu/kv_layout.py `latent_planes`), so a block's bytes are two runs, not the
         one `[block_size, L + R]` run vLLM's registration assumes. Each layer's region
         becomes two, under the same layer name (the connector matches repeated names by
-        occurrence), in every peer alike."""
+        occurrence), in every peer alike. Other caches of an MLA model (DeepSeek-V3.2's
+        indexer keys, [num_blocks, 1, block_size, 128]) are one run per block: kept."""
         hf = self.model_config.hf_text_config
         rank, width = hf.kv_lora_rank, hf.kv_lora_rank + hf.qk_rope_head_dim
         fields = ("kv_caches_base_addr", "block_len_per_layer", "kv_block_len_per_layer",
@@ -106,6 +107,9 @@ class NPUMooncakeConnectorWorker(upstream.MooncakeConnectorWorker):
         for row in old:
             name = row[3]
             cache = self.device_kv_caches[name]
+            if cache.shape[-1] != width:  # DeepSeek-V3.2's indexer keys: one plane, as is
+                new.append(row)
+                continue
             # vLLM hands the connector [num_blocks, 1, block_size, L + R] (its logical
             # [B, H, N, C]); the backend reads it as [num_blocks, block_size, L + R].
             planes = latent_planes(cache.view(cache.shape[0], -1, width), rank)
