@@ -105,6 +105,9 @@ class NPUIndexer(nn.Module):
     set on that instance (vLLM builds it for DeepGEMM's fp8 rows + scales)."""
 
     def __init__(self, indexer: nn.Module, dtype: torch.dtype) -> None:
+        if indexer.head_dim != LI_HEAD_DIM:
+            raise ValueError(f"NPU lightning indexer: index_head_dim {indexer.head_dim}; the "
+                             f"kernel takes {LI_HEAD_DIM}")
         super().__init__()
         self.inner = indexer
         self.topk_tokens = indexer.topk_tokens
@@ -115,9 +118,6 @@ class NPUIndexer(nn.Module):
         cache.impl = NPUIndexerImpl(indexer.topk_tokens)
         cache.layer_name = cache.prefix
         self.layer_name = cache.prefix
-        if indexer.head_dim != LI_HEAD_DIM:
-            raise ValueError(f"NPU lightning indexer: index_head_dim {indexer.head_dim}; the "
-                             f"kernel takes {LI_HEAD_DIM}")
 
     def forward(self, hidden_states: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor,
                 rotary_emb: nn.Module) -> torch.Tensor:

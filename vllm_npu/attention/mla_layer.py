@@ -12,6 +12,8 @@ from vllm.config import get_current_vllm_config
 from vllm.model_executor.custom_op import PluggableLayer
 from vllm.model_executor.layers.mla import MultiHeadLatentAttentionWrapper
 
+from vllm_npu.attention.dsa_indexer import NPUIndexer
+
 
 @PluggableLayer.register_oot(name="MultiHeadLatentAttentionWrapper")
 class NPUMultiHeadLatentAttention(MultiHeadLatentAttentionWrapper):
@@ -27,6 +29,4 @@ class NPUMultiHeadLatentAttention(MultiHeadLatentAttentionWrapper):
                 "shares the indexer's picks across draft steps) is not supported on the NPU "
                 "yet; serve the model without --speculative-config")
         if self.indexer is not None:
-            from vllm_npu.attention.dsa_indexer import NPUIndexer
-
             self.indexer = NPUIndexer(self.indexer, config.model_config.dtype)

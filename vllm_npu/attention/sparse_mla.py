@@ -71,6 +71,7 @@ class NPUSparseMetadataBuilder(AttentionMetadataBuilder[NPUSparseMetadata]):
 
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str],
                  vllm_config: VllmConfig, device: torch.device):
+        # abstract in vLLM's base: every builder defines it, this one needs nothing more
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
