@@ -59,8 +59,10 @@ class BuildPlainLibraries(build_ext):
 
 setup(
     ext_modules=[
-        Extension("vllm_npu.distributed.libhccl_sim", sources=["csrc/hccl_sim.c"],
-                  depends=["csrc/hccl_sim.h"], extra_compile_args=["-O2", *COMMON],
+        Extension("vllm_npu.distributed.libhccl_sim",
+                  sources=["csrc/hccl_sim.c", "csrc/hccl_sim_hosts.c"],
+                  depends=["csrc/hccl_sim.h", "csrc/hccl_sim_hosts.h"],
+                  extra_compile_args=["-O2", *COMMON],
                   extra_link_args=["-pthread"], libraries=["rt"]),
         # -fopenmp-simd: the `omp simd` reductions only (no OpenMP runtime); no
         # -ffast-math, which would set flush-to-zero for the whole process

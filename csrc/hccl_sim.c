@@ -26,6 +26,7 @@
  */
 #define _GNU_SOURCE
 #include "hccl_sim.h"
+#include "hccl_sim_hosts.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -46,7 +47,7 @@
 
 #define SIM_MAX_RANKS 64
 #define SIM_MAGIC "HCCLSIM1"
-#define SIM_VERSION 1u
+#define SIM_VERSION 2u
 #define SIM_COMM_MAGIC 0x48434353494d434fULL
 #define SIM_DEFAULT_BUFFER_MB 16
 #define SIM_DEFAULT_TIMEOUT_S 60.0
@@ -62,6 +63,7 @@ typedef struct {
     uint32_t reserved;
     uint64_t buffer_bytes;
     char shm_name[SIM_NAME_MAX];
+    sim_host_t host; /* the root rank's host and HCCL address (hccl_sim_hosts.c) */
 } sim_root_t;
 
 _Static_assert(sizeof(sim_root_t) <= HCCL_ROOT_INFO_BYTES, "root info payload too large");
@@ -515,6 +517,9 @@ HcclResult HcclGetRootInfo(HcclRootInfo *rootInfo)
     root.buffer_bytes = (uint64_t)(mb * 1048576.0) & ~(uint64_t)4095;
     snprintf(root.shm_name, sizeof(root.shm_name), "/hccl_sim_%d_%u_%08x", (int)getpid(),
              atomic_fetch_add(&counter, 1), salt);
+    char err[256];
+    if (sim_host_listen(&root.host, root.shm_name, err, sizeof(err)) != 0)
+        return fail(HCCL_E_TCP_CONNECT, "HcclGetRootInfo: %s", err);
     memset(rootInfo, 0, sizeof(*rootInfo));
     memcpy(rootInfo->internal, &root, sizeof(root));
     return HCCL_SUCCESS;
@@ -542,6 +547,13 @@ HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo *rootInfo, u
         return fail(HCCL_E_PARA, "%s: rank %u: staging buffer of %llu bytes too small for %u "
                     "ranks (raise HCCL_SIM_BUFFER_MB)", what, rank,
                     (unsigned long long)root.buffer_bytes, nRanks);
+
+    char err[256];
+    HcclResult reach = sim_host_check(&root.host, rank,
+                                      env_positive("HCCL_SIM_TIMEOUT_S", SIM_DEFAULT_TIMEOUT_S),
+                                      err, sizeof(err));
+    if (reach != HCCL_SUCCESS)
+        return fail(reach, "%s: %s", what, err);
 
     sim_comm_t *c = calloc(1, sizeof(*c));
     if (c == NULL)
@@ -604,6 +616,8 @@ HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo *rootInfo, u
     c->magic = SIM_COMM_MAGIC;
 
     res = wait_for(c, pending_attach, NULL, what);
+    if (rank == 0)
+        sim_host_release(root.shm_name); /* every rank has connected or given up */
     if (res != HCCL_SUCCESS) {
         shm_unlink(c->name); /* the group never completed: do not leave the name behind */
         goto out_fail;

@@ -78,7 +78,7 @@ def test_the_wheel_is_a_platform_wheel_holding_the_simulator(dists):
     import tarfile
 
     members = tarfile.open(dists["sdist"]).getnames()
-    for src in ("csrc/hccl_sim.c", "csrc/hccl_sim.h", "csrc/sim_kernels.c",
+    for src in ("csrc/hccl_sim.c", "csrc/hccl_sim.h", "csrc/hccl_sim_hosts.c", "csrc/sim_kernels.c",
                 "csrc/sim_prefill.c", "csrc/sim_decode.c", "csrc/sim_paged.h",
                 "csrc/sim_vec.h", "csrc/sim_math.h", "setup.py"):
         assert any(m.endswith(src) for m in members), src

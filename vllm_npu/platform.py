@@ -187,6 +187,29 @@ class NPUPlatform(Platform):
     def get_punica_wrapper(cls) -> str:
         return "vllm_npu.lora.punica_npu.NPUPunicaWrapper"
 
+    @staticmethod
+    def _take_over_ray(parallel) -> None:
+        """Ray as users start it (vllm_npu/distributed/ray_executor.py): the Ray executor
+        becomes the NPU one; DP over Ray connects Ray (counting simulated NPUs) here, before
+        vLLM's DP engine manager calls a bare ray.init() in this process, and refuses too
+        few NPUs. Scaled-out API servers launch no engines and skip it."""
+        if parallel.distributed_executor_backend == "ray":
+            from vllm_npu.distributed.ray_executor import NPURayExecutor
+
+            parallel.distributed_executor_backend = NPURayExecutor
+        launches_engines = parallel._api_process_count == 1 or parallel._api_process_rank == -1
+        if parallel.data_parallel_backend != "ray" or parallel.data_parallel_size <= 1 \
+                or not launches_engines:
+            return
+        from vllm_npu.distributed.ray_executor import check_enough_npus, connect_ray
+
+        connect_ray()
+        check_enough_npus(
+            parallel.world_size * parallel.data_parallel_size,
+            f"data parallel {parallel.data_parallel_size} x tensor "
+            f"{parallel.tensor_parallel_size} x pipeline {parallel.pipeline_parallel_size} "
+            f"x prefill context {parallel.prefill_context_parallel_size}")
+
     @classmethod
     def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
         log_backend()
@@ -205,9 +228,9 @@ class NPUPlatform(Platform):
             logger.warning("vllm_npu: dual-batch overlap is not supported; disabled")
             parallel.enable_dbo = False
 
+        cls._take_over_ray(parallel)
         world = parallel.world_size
-        if parallel.nnodes <= 1 and parallel.distributed_executor_backend != "ray" \
-                and world > cls.device_count():
+        if parallel.nnodes <= 1 and not parallel.use_ray and world > cls.device_count():
             raise ValueError(
                 f"World size {world} (tensor x pipeline x context parallel) exceeds the "
                 f"{cls.device_count()} NPUs on this node"

@@ -37,7 +37,8 @@ ALL_ENV = (HCCL_LIBRARY_PATH, HCCL_SIM_TIMEOUT_S, HCCL_SIM_BUFFER_MB)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SIMULATOR_PATH = Path(__file__).resolve().with_name("libhccl_sim.so")
-SIMULATOR_SOURCES = (REPO_ROOT / "csrc" / "hccl_sim.c", REPO_ROOT / "csrc" / "hccl_sim.h")
+SIMULATOR_SOURCES = tuple(REPO_ROOT / "csrc" / name for name in (
+    "hccl_sim.c", "hccl_sim.h", "hccl_sim_hosts.c", "hccl_sim_hosts.h"))
 # setup.py builds the library into the package (wheel, sdist, editable install alike)
 BUILD_COMMAND = "pip install -e . (or make install) in a checkout"
 
@@ -91,6 +92,7 @@ HCCL_E_PTR = 2
 HCCL_E_NOT_SUPPORT = 5
 HCCL_E_UNAVAIL = 7
 HCCL_E_TIMEOUT = 9
+HCCL_E_TCP_CONNECT = 11
 
 
 class HcclDataTypeEnum:
