@@ -548,10 +548,9 @@ HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo *rootInfo, u
                     "ranks (raise HCCL_SIM_BUFFER_MB)", what, rank,
                     (unsigned long long)root.buffer_bytes, nRanks);
 
+    double timeout_s = env_positive("HCCL_SIM_TIMEOUT_S", SIM_DEFAULT_TIMEOUT_S);
     char err[256];
-    HcclResult reach = sim_host_check(&root.host, rank,
-                                      env_positive("HCCL_SIM_TIMEOUT_S", SIM_DEFAULT_TIMEOUT_S),
-                                      err, sizeof(err));
+    HcclResult reach = sim_host_check(&root.host, rank, timeout_s, err, sizeof(err));
     if (reach != HCCL_SUCCESS)
         return fail(reach, "%s: %s", what, err);
 
@@ -560,7 +559,7 @@ HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo *rootInfo, u
         return fail(HCCL_E_MEMORY, "%s: rank %u: out of memory", what, rank);
     c->rank = rank;
     c->nranks = nRanks;
-    c->timeout_s = env_positive("HCCL_SIM_TIMEOUT_S", SIM_DEFAULT_TIMEOUT_S);
+    c->timeout_s = timeout_s;
     memcpy(c->name, root.shm_name, SIM_NAME_MAX);
     c->map_bytes = SIM_HDR_BYTES + root.buffer_bytes;
 

@@ -8,14 +8,14 @@ would; reachability between them is real (the veth link), and the simulator chec
 (csrc/README.md, "Several hosts")."""
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import itertools
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,9 +69,6 @@ class Node:
         self.procs.append(proc)
         return proc
 
-    def python(self, code: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return self.run(f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}", timeout)
-
     def kill_all(self) -> None:
         """Kill every process in this node's namespace (Ray's daemons detach from their
         starter, so process groups do not catch them; the namespace does)."""
@@ -93,6 +90,7 @@ class Hosts:
     are joined by a veth pair; one host has loopback only (its address is 127.0.0.1)."""
 
     def __init__(self, count: int = 2, npus: int = 2):
+        assert count in (1, 2)
         tag = f"{os.getpid() % 100000}{next(_SEQ)}"
         subnet = f"10.231.{os.getpid() % 200 + 20}"
         short = Path(f"/tmp/rn{tag}")  # Ray's unix socket paths must stay under 107 bytes
@@ -101,7 +99,6 @@ class Hosts:
         else:
             self.nodes = [Node(f"npu-ray-{tag}-{i}", f"{subnet}.{i + 1}", f"vr{tag}{i}",
                                short / f"n{i}", npus) for i in range(count)]
-        assert count in (1, 2)
 
     def __enter__(self) -> "Hosts":
         try:
@@ -227,14 +224,8 @@ if cmd == "health":
     print("timeout"); sys.exit(1)
 req = json.loads(sys.argv[3])
 if cmd == "complete":
-    out = []
-    for prompt in req["prompts"]:
-        r = requests.post(base + "/v1/completions", timeout=300, json={
-            "model": "tiny", "prompt": prompt, "max_tokens": req["max_tokens"],
-            "temperature": 0, "ignore_eos": True, "return_token_ids": True})
-        r.raise_for_status()
-        out.append(r.json()["choices"][0]["token_ids"])
-    print(json.dumps(out))
+    from tests.helpers.server import complete  # the served tests' client, inside the node
+    print(json.dumps([complete(base, p, req["max_tokens"]) for p in req["prompts"]]))
 elif cmd == "stream":
     chunks, error = 0, None
     try:

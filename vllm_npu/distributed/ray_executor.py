@@ -1,4 +1,4 @@
-"""vLLM's Ray executor on the NPU, with two differences that users starting Ray the usual ways
+"""vLLM's Ray executor on the NPU, with three differences that users starting Ray the usual ways
 need (vLLM 0.33's RayExecutorV2 otherwise unchanged):
 
 - **No cluster started.** vLLM calls ``ray.init()``, which starts a local Ray when none runs.
