@@ -231,18 +231,30 @@ def test_router_refuses_bad_prefill_arguments(values, message):
         parse_prefill(values)
 
 
-def _router(prefill_status: int, decode_gate: asyncio.Event, log: list) -> Router:
-    router = Router([Prefiller("http://p:1", "http://p:2")], ["http://d:3"], wait_s=5)
+def _router(prefill_status: int, decode_gate: asyncio.Event, log: list,
+            refused: tuple[str, ...] = (), **kw) -> Router:
+    """A router over mocked instances: prefill p:1 (bootstrap p:2), q:1 (q:2) when `refused`
+    names p:1, decode d:3; a host in `refused` refuses connections."""
+    prefills = [Prefiller("http://p:1", bootstrap="http://p:2")]
+    if refused:
+        prefills.append(Prefiller("http://q:1", bootstrap="http://q:2"))
+    router = Router(prefills, ["http://d:3"], wait_s=5, **kw)
 
     async def handler(request: httpx.Request) -> httpx.Response:
         url = str(request.url)
-        if url == "http://p:1/health":
+        if url.endswith("/health"):
             return httpx.Response(200)
-        if url == "http://p:2/query":
-            return httpx.Response(200, json={"0": {"engine_id": "E0", "worker_addr": {}}})
+        if url.endswith(":2/query"):
+            return httpx.Response(200, json={"0": {"engine_id": f"E-{request.url.host}",
+                                                   "worker_addr": {}}})
         body = json.loads(request.content)
+        if request.url.host in refused:
+            log.append((url, "refused"))
+            raise httpx.ConnectError("connection refused", request=request)
         log.append((url, body["kv_transfer_params"], body["max_tokens"]))
-        if url.startswith("http://p:1"):
+        if url.startswith(("http://p:1", "http://q:1")):
+            if refused:
+                decode_gate.set()   # the decode half goes on once a prefill answered
             return httpx.Response(prefill_status, text="prompt too long")
         try:
             await decode_gate.wait()
@@ -278,7 +290,7 @@ def test_router_pairs_prefill_and_decode_under_one_transfer_id():
     decode = next(x for x in log if x[0].startswith("http://d:3"))
     assert prefill[2] == 1 and decode[2] == 5
     assert prefill[1]["do_remote_decode"] and not decode[1]["do_remote_decode"]
-    assert decode[1]["do_remote_prefill"] and decode[1]["remote_engine_id"] == "E0"
+    assert decode[1]["do_remote_prefill"] and decode[1]["remote_engine_id"] == "E-p"
     assert decode[1]["remote_bootstrap_addr"] == "http://p:2"
     assert prefill[1]["transfer_id"] == decode[1]["transfer_id"]
 
@@ -297,9 +309,61 @@ def test_a_failed_prefill_cancels_the_decode_request():
 
     reply, log = asyncio.run(scenario())
     assert reply.status_code == 502
-    assert reply.json()["error"] == ("prefill instance http://p:1 answered 400: "
-                                     "prompt too long")
+    assert reply.json()["error"]["message"] == ("prefill instance http://p:1 answered 400: "
+                                                "prompt too long")
     assert "decode cancelled" in log
+
+
+def _ask(router: Router, timeout_s: float = 10, **body) -> tuple[httpx.Response, Router]:
+    async def scenario():
+        await router.discover()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(build_app(router)),
+                                     base_url="http://router") as client:
+            reply = await asyncio.wait_for(client.post("/v1/completions", json={
+                "model": "m", "prompt": [1], "max_tokens": 3, **body}), timeout_s)
+            health = await client.get("/health")
+        await asyncio.sleep(0.05)
+        return reply, health
+
+    return asyncio.run(scenario())
+
+
+def test_a_prefill_instance_refusing_connections_is_marked_down_and_the_request_retried():
+    log: list = []
+    router = _router(200, asyncio.Event(), log, refused=("p",))
+    reply, health = _ask(router)
+    assert reply.status_code == 200 and reply.json() == {"choices": [{"text": "ok"}]}
+    # p first (round robin), refused: its decode half cancelled, the request sent again
+    # with q; p is down for the next requests until a /health poll finds it back.
+    seen = [x if isinstance(x, str) else (x[0], x[1] if x[1] == "refused" else x[1][
+        "remote_engine_id" if "d:3" in x[0] else "transfer_id"][:4]) for x in log]
+    assert set(seen[:2]) == {("http://d:3/v1/completions", "E-p"),
+                             ("http://p:1/v1/completions", "refused")}
+    assert seen[2] == "decode cancelled"
+    assert set(seen[3:]) == {("http://d:3/v1/completions", "E-q"),
+                             ("http://q:1/v1/completions", "xfer")}
+    assert health.status_code == 200
+    assert health.json()["prefill"] == {"http://p:1": "down", "http://q:1": "up"}
+
+
+def test_a_request_past_the_timeout_is_a_504_and_both_halves_are_closed():
+    log: list = []
+    router = _router(200, asyncio.Event(), log, timeout_s=0.2)   # decode never answers
+    reply, _ = _ask(router)
+    assert reply.status_code == 504
+    assert reply.json()["error"]["message"].startswith(
+        "no complete answer within the router's --request-timeout-s 0.2")
+    assert "decode cancelled" in log
+
+
+def test_no_decode_instance_up_is_a_503():
+    log: list = []
+    router = _router(200, asyncio.Event(), log)
+    router.decoders[0].up = False
+    reply, health = _ask(router)
+    assert reply.status_code == 503 and "no decode instance answers /health" in \
+        reply.json()["error"]["message"]
+    assert health.status_code == 503 and log == []
 
 
 @pytest.mark.parametrize("argv, message", [

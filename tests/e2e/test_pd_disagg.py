@@ -23,6 +23,7 @@ import pytest
 import requests
 
 from tests.helpers.engine import vocab
+from tests.helpers.pd import metric, wait_idle
 from tests.helpers.reference import hf_greedy, random_prompt
 from tests.helpers.server import FORK
 from vllm_npu.disagg.launch import PDCluster
@@ -33,16 +34,6 @@ TOKENS = 12
 SERVE = ["--max-model-len", "1024", "--max-num-seqs", "16", "--seed", "0",
          "--kv-cache-memory-bytes", str(128 << 20)]
 DEAD_PEER_BOUND_S = 30  # probes 2 s apart x 3 misses, plus a loaded 2-core machine
-
-
-def metric(url: str, name: str, **labels: str) -> float:
-    """Sum of a Prometheus metric's samples whose labels include `labels`."""
-    total = 0.0
-    for line in requests.get(f"{url}/metrics", timeout=30).text.splitlines():
-        m = re.match(rf"{re.escape(name)}{{(.*)}} (\S+)$", line)
-        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
 
 
 def sources(url: str) -> dict[str, float]:
@@ -79,21 +70,6 @@ def log_excerpt(lines: int = 40) -> str:
 def tokens(reply: requests.Response) -> list[int]:
     assert reply.status_code == 200, f"{reply.text}\n{log_excerpt()}"
     return reply.json()["choices"][0]["token_ids"]
-
-
-def wait_idle(urls: list[str], timeout_s: float = 60) -> None:
-    """Every instance has no running request and no KV block in use (blocks a prefill
-    instance holds for a pull are freed once the decode side has pulled them)."""
-    deadline = time.time() + timeout_s
-    while True:
-        busy = {u: (metric(u, "vllm:kv_cache_usage_perc"),
-                    metric(u, "vllm:num_requests_running"),
-                    metric(u, "vllm:num_requests_waiting")) for u in urls}
-        if all(v == (0.0, 0.0, 0.0) for v in busy.values()):
-            return
-        if time.time() > deadline:
-            pytest.fail(f"instances still hold blocks/requests: {busy}")
-        time.sleep(0.5)
 
 
 def cluster(model: str, log_dir, dtype: str, **kw) -> PDCluster:
@@ -172,7 +148,7 @@ class TestLlama2P1D:
     def test_prefill_killed_during_a_transfer(self, llama_2p1d):
         """The decode side waits for KV a prefill instance holds; the instance is killed; the
         request fails within the probe bound, its blocks are freed, and the deployment keeps
-        serving through the other prefill instance (the router names the dead one)."""
+        serving through the other prefill instance (the router marks the dead one down)."""
         c, path = llama_2p1d
         dead, live = c.prefills
         decode = c.decodes[0].url
@@ -194,11 +170,12 @@ class TestLlama2P1D:
         assert result["at"] - killed < DEAD_PEER_BOUND_S
         assert "stopped accepting connections" in c.decodes[0].log.read_text()
         wait_idle([decode])
-        replies = [ask(c.url, prompt, path) for _ in range(2)]   # round robin: dead, live
-        ok = [r for r in replies if r.status_code == 200]
-        failed = [r for r in replies if r.status_code != 200]
-        assert len(ok) == 1 and tokens(ok[0]) == hf_greedy(path, prompt, TOKENS)
-        assert failed[0].status_code == 502 and dead.url in failed[0].json()["error"]
+        # The router marks the dead instance down (a refused connection, or its /health
+        # poll) and sends every request to the live one: round robin no longer reaches it.
+        replies = [ask(c.url, prompt, path) for _ in range(3)]
+        assert [tokens(r) for r in replies] == [hf_greedy(path, prompt, TOKENS)] * 3
+        state = requests.get(f"{c.url}/health", timeout=30).json()["prefill"]
+        assert state == {dead.url: "down", live.url: "up"}
         wait_idle([live.url, decode])
 
 

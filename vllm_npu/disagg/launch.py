@@ -86,6 +86,7 @@ class PDCluster:
     extra_config: dict = field(default_factory=dict)        # kv_connector_extra_config
     load_failure_policy: str = "fail"   # the decode side's kv_load_failure_policy
     env: dict[str, str] = field(default_factory=dict)  # set for every instance and the router
+    router_args: list[str] = field(default_factory=list)  # e.g. --request-timeout-s 60
     log_dir: Path = Path("pd-logs")
     startup_s: float = 600.0
     instances: list[Instance] = field(default_factory=list)
@@ -100,7 +101,7 @@ class PDCluster:
 
     @property
     def url(self) -> str:
-        return next(i.url for i in self.instances if i.role == "proxy")
+        return self.router.url
 
     def _env(self, bootstrap_port: int | None) -> dict[str, str]:
         env = dict(os.environ)
@@ -144,18 +145,29 @@ class PDCluster:
             for i, tp in enumerate(self.decode_tp):
                 self._serve("decode", i, tp, self.decode_args)
             self.wait_healthy(self.prefills + self.decodes)
-            port = self.port or free_port(self.host)
-            cmd = [sys.executable, "-m", "vllm_npu.disagg.proxy", "--host", self.host,
-                   "--port", str(port)]
-            for p in self.prefills:
-                cmd += ["--prefill", p.url, str(p.bootstrap_port)]
-            for d in self.decodes:
-                cmd += ["--decode", d.url]
-            self.wait_healthy([self._spawn("proxy", "proxy", cmd, port)])
+            self.port = self.port or free_port(self.host)
+            self.start_router()
         except BaseException:
             self.stop()
             raise
         return self
+
+    @property
+    def router(self) -> Instance:
+        return next(i for i in reversed(self.instances) if i.role == "proxy")
+
+    def start_router(self) -> Instance:
+        """Start the router on `port` (again, after a restart: same port, same instances)."""
+        cmd = [sys.executable, "-m", "vllm_npu.disagg.proxy", "--host", self.host,
+               "--port", str(self.port), *self.router_args]
+        for p in self.prefills:
+            cmd += ["--prefill", p.url, str(p.bootstrap_port)]
+        for d in self.decodes:
+            cmd += ["--decode", d.url]
+        earlier = sum(i.role == "proxy" for i in self.instances)
+        router = self._spawn("proxy", f"proxy{earlier or ''}", cmd, self.port)
+        self.wait_healthy([router])
+        return router
 
     def wait_healthy(self, instances: list[Instance]) -> None:
         deadline = time.time() + self.startup_s
@@ -216,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--log-dir", type=Path, default=Path("pd-logs"))
     ap.add_argument("--kv-load-failure-policy", choices=("fail", "recompute"),
                     default="fail")
+    ap.add_argument("--request-timeout-s", type=float, default=None,
+                    help="the router's limit per request (504 past it); default: none")
     args = ap.parse_args(argv)
     tps = {}
     for role in ("prefill", "decode"):
@@ -229,7 +243,9 @@ def main(argv: list[str] | None = None) -> None:
     cluster = PDCluster(args.model, tps["prefill"], tps["decode"], args.host, args.port,
                         serve_args,
                         load_failure_policy=args.kv_load_failure_policy,
-                        log_dir=args.log_dir)
+                        log_dir=args.log_dir,
+                        router_args=[] if args.request_timeout_s is None else
+                        ["--request-timeout-s", str(args.request_timeout_s)])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with cluster:
         print(f"{args.prefill}P{args.decode}D serving {args.model} at {cluster.url}/v1 "
