@@ -226,19 +226,40 @@ def test_block_sizes():
 """
 
 
+# A test file's autouse fixture tears down after the test's own `monkeypatch` is undone
+# (tests/utils_/test_cpu_resource_utils.py relies on it): the harness's fixtures must not
+# make `monkeypatch` the first fixture set up.
+TEARDOWN_ORDER = """
+import os
+import pytest
+
+ORIGINAL = os.getcwd
+
+@pytest.fixture(autouse=True)
+def _check_restored():
+    yield
+    assert os.getcwd is ORIGINAL
+
+def test_patches(monkeypatch):
+    monkeypatch.setattr(os, "getcwd", lambda: "/nowhere")
+"""
+
+
 def test_kernel_block_sizes_are_relaxed_only_where_upstream_relaxes_the_cpu_ones(tmp_path):
     """tests/v1/kv_connector/unit: connector logic, no attention kernel (its conftest
-    relaxes the CPU backend's sizes); anywhere else the NPU's rule stands."""
+    relaxes the CPU backend's sizes); anywhere else the NPU's rule stands. And a file's
+    own fixtures keep their teardown order under the harness."""
     for where, relaxed in (("tests/v1/kv_connector/unit", True), ("tests/v1/core", False)):
         (tmp_path / where).mkdir(parents=True)
         name = f"test_sizes_{where.rsplit('/', 1)[1]}.py"  # rootdir-relative imports: unique
         (tmp_path / where / name).write_text(BLOCK_SIZES.format(relaxed=relaxed))
+    (tmp_path / "tests/v1/core/test_teardown_order.py").write_text(TEARDOWN_ORDER)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "tests", "-p", "upstream_tests.plugin",
          "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-q"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert "2 passed" in proc.stdout, proc.stdout[-3000:]
+    assert "3 passed" in proc.stdout and "error" not in proc.stdout, proc.stdout[-3000:]
 
 
 STORED_RUN = """<testsuites><testsuite>

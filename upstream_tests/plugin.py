@@ -115,9 +115,14 @@ KERNEL_FREE_DIRS = ("tests/v1/kv_connector/unit/",)
 
 
 @pytest.fixture(autouse=True)
-def _npu_kernel_block_sizes_relaxed(request, monkeypatch):
+def _npu_kernel_block_sizes_relaxed(request):
+    # Its own MonkeyPatch, not the `monkeypatch` fixture: an autouse fixture requesting that
+    # makes it the first set up and the last torn down in every test, after the test's own
+    # fixtures' teardown (test_cpu_resource_utils' autouse teardown then met the test's
+    # monkeypatched function instead of vLLM's cached one).
     path = request.node.path.relative_to(request.config.rootpath).as_posix()
     if not path.startswith(KERNEL_FREE_DIRS):
+        yield
         return
     from vllm.v1.attention.backend import MultipleOf
 
@@ -125,10 +130,12 @@ def _npu_kernel_block_sizes_relaxed(request, monkeypatch):
     from vllm_npu.attention.backend import NPUAttentionBackend
     from vllm_npu.attention.mla import NPUMLABackend
 
-    monkeypatch.setattr(npu_platform, "PAGED_BLOCK_SIZES", tuple(range(16, 513, 16)))
-    for backend in (NPUAttentionBackend, NPUMLABackend):
-        monkeypatch.setattr(backend, "get_supported_kernel_block_sizes",
-                            staticmethod(lambda kv_cache_spec=None: [MultipleOf(16)]))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(npu_platform, "PAGED_BLOCK_SIZES", tuple(range(16, 513, 16)))
+        for backend in (NPUAttentionBackend, NPUMLABackend):
+            patch.setattr(backend, "get_supported_kernel_block_sizes",
+                          staticmethod(lambda kv_cache_spec=None: [MultipleOf(16)]))
+        yield
 
 
 @functools.cache
