@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import json
+import os
 import re
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -295,10 +299,14 @@ def test_router_pairs_prefill_and_decode_under_one_transfer_id():
     assert prefill[1]["transfer_id"] == decode[1]["transfer_id"]
 
 
-def test_a_failed_prefill_cancels_the_decode_request():
+@pytest.mark.parametrize("status, client_status", [(400, 400), (500, 502)])
+def test_a_failed_prefill_cancels_the_decode_request(status, client_status):
+    """A prefill instance's 4xx is the request's fault: the client gets it as it is; any
+    other failure is the router's 502 naming the instance. Either way the decode half is
+    cancelled."""
     async def scenario():
         log: list = []
-        router = _router(400, asyncio.Event(), log)   # decode would wait forever
+        router = _router(status, asyncio.Event(), log)   # decode would wait forever
         await router.discover()
         async with httpx.AsyncClient(transport=httpx.ASGITransport(build_app(router)),
                                      base_url="http://router") as client:
@@ -308,9 +316,12 @@ def test_a_failed_prefill_cancels_the_decode_request():
         return reply, log
 
     reply, log = asyncio.run(scenario())
-    assert reply.status_code == 502
-    assert reply.json()["error"]["message"] == ("prefill instance http://p:1 answered 400: "
-                                                "prompt too long")
+    assert reply.status_code == client_status
+    if status == 400:
+        assert reply.text == "prompt too long"
+    else:
+        assert reply.json()["error"]["message"] == ("prefill instance http://p:1 answered "
+                                                    "500: prompt too long")
     assert "decode cancelled" in log
 
 
@@ -455,3 +466,34 @@ def test_a_failed_kv_write_is_retried_twice(results, calls, expect):
                                         record_failed_transfer=lambda: None)
     assert worker._send_blocks("127.0.0.1:1", [1, 2], [3, 4], [16, 16]) == expect
     assert seen == [("127.0.0.1:1", [1, 2], [3, 4], [16, 16])] * calls
+
+
+def test_instances_die_with_a_launcher_killed_without_cleanup(tmp_path):
+    """A launcher SIGKILLed (a test's timeout, the OOM killer) runs no cleanup: its
+    instances, each in a session of its own, must not live on (left behind, they held the
+    ports and the CPU of every later run)."""
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from vllm_npu.disagg.launch import PDCluster\n"
+        f"c = PDCluster('m', log_dir=Path({str(tmp_path)!r}))\n"
+        "inst = c._spawn('decode', 'decode0', ['sleep', '300'], 1)\n"
+        "print(inst.proc.pid, flush=True)\n"
+        "time.sleep(300)\n")
+    launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                text=True, cwd=Path(__file__).resolve().parents[2])
+    child = int(launcher.stdout.readline())
+    assert os.path.exists(f"/proc/{child}")
+    launcher.kill()
+    launcher.wait()
+    deadline = time.time() + 10
+    while os.path.exists(f"/proc/{child}") and _state(child) != "Z":
+        assert time.time() < deadline, "the instance outlived its launcher"
+        time.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"

@@ -27,6 +27,19 @@ import requests
 
 
 _LOWEST = 10000  # ports below are often fixed ones of other services
+
+
+def _die_with_parent() -> None:
+    """In each instance (its own session, so kill() reaches its whole group): SIGKILL when
+    the process that started it dies, so a launcher killed without its cleanup (SIGKILL, a
+    test's timeout) leaves no instance behind (vLLM's engine processes follow their API
+    server). Linux prctl(PR_SET_PDEATHSIG); elsewhere nothing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 _handed_out: set[int] = set()
 _rng = random.Random()
 
@@ -117,7 +130,8 @@ class PDCluster:
         log = self.log_dir / f"{name}.log"
         with open(log, "w") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                    env=self._env(bootstrap_port), start_new_session=True)
+                                    env=self._env(bootstrap_port), start_new_session=True,
+                                    preexec_fn=_die_with_parent)
         inst = Instance(role, f"http://{self.host}:{port}", proc, log, bootstrap_port)
         self.instances.append(inst)
         return inst

@@ -86,6 +86,22 @@ class Unavailable(Failed):
     status, kind, outcome = 503, "ServiceUnavailable", "unavailable"
 
 
+class Refused(Failed):
+    """The prefill instance refused the request itself (a 4xx: too long, bad parameters):
+    its status and body go to the client as they are."""
+    outcome = "upstream_error"
+
+    def __init__(self, reply: httpx.Response):
+        super().__init__(f"the prefill instance answered {reply.status_code}")
+        self.reply = reply
+        self.status = reply.status_code
+
+    def response(self, request_id: str) -> Response:
+        return Response(self.reply.content, status_code=self.status,
+                        headers={"X-Request-Id": request_id},
+                        media_type=self.reply.headers.get("content-type"))
+
+
 class ClientGone(Exception):
     pass
 
@@ -232,6 +248,8 @@ class Router:
         except httpx.HTTPError as e:
             raise PrefillFailed(f"prefill instance {p.url} failed: {e!r}") from e
         self.metrics.prefill.labels(p.url).observe(time.monotonic() - t0)
+        if 400 <= reply.status_code < 500:    # the request's fault: the client gets it
+            raise Refused(reply)
         if reply.status_code != 200:
             raise PrefillFailed(f"prefill instance {p.url} answered {reply.status_code}: "
                                 f"{reply.text[:500]}")
@@ -411,16 +429,17 @@ class _Exchange:
         finally:
             if not work.done():
                 work.cancel()
-                with suppress(BaseException):
-                    await work
+            with suppress(BaseException):
+                await work      # also retrieves its exception when another failure won
 
     async def close(self) -> None:
         """Close both halves: vLLM aborts whatever is still running on either side."""
         for task in (self.gone, self.prefill_task):
             if task is not None and not task.done():
                 task.cancel()
+            if task is not None:
                 with suppress(BaseException):
-                    await task
+                    await task      # also retrieves a failed prefill's exception
         if self.reply is not None:
             await self.reply.aclose()
             if not self.complete:
