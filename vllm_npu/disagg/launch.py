@@ -100,6 +100,10 @@ class PDCluster:
     load_failure_policy: str = "fail"   # the decode side's kv_load_failure_policy
     env: dict[str, str] = field(default_factory=dict)  # set for every instance and the router
     router_args: list[str] = field(default_factory=list)  # e.g. --request-timeout-s 60
+    # Per role ("prefill", "decode", "proxy"): another address than `host`, and a command
+    # prefix (e.g. `ip netns exec NS`, to place instances on other simulated hosts).
+    hosts: dict[str, str] = field(default_factory=dict)
+    wrap: dict[str, list[str]] = field(default_factory=dict)
     log_dir: Path = Path("pd-logs")
     startup_s: float = 600.0
     instances: list[Instance] = field(default_factory=list)
@@ -116,10 +120,18 @@ class PDCluster:
     def url(self) -> str:
         return self.router.url
 
-    def _env(self, bootstrap_port: int | None) -> dict[str, str]:
+    def _host(self, role: str) -> str:
+        return self.hosts.get(role, self.host)
+
+    def _port(self, role: str) -> int:
+        # A wrapped role runs elsewhere (another namespace): its address is not ours to
+        # bind, so the port is checked on our loopback.
+        return free_port("127.0.0.1" if role in self.wrap else self._host(role))
+
+    def _env(self, bootstrap_port: int | None, role: str = "") -> dict[str, str]:
         env = dict(os.environ)
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        env["VLLM_HOST_IP"] = self.host
+        env["VLLM_HOST_IP"] = self._host(role)
         env.update(self.env)
         if bootstrap_port is not None:
             env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(bootstrap_port)
@@ -129,15 +141,15 @@ class PDCluster:
                bootstrap_port: int | None = None) -> Instance:
         log = self.log_dir / f"{name}.log"
         with open(log, "w") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                    env=self._env(bootstrap_port), start_new_session=True,
-                                    preexec_fn=_die_with_parent)
-        inst = Instance(role, f"http://{self.host}:{port}", proc, log, bootstrap_port)
+            proc = subprocess.Popen([*self.wrap.get(role, []), *cmd], stdout=out,
+                                    stderr=subprocess.STDOUT, env=self._env(bootstrap_port, role),
+                                    start_new_session=True, preexec_fn=_die_with_parent)
+        inst = Instance(role, f"http://{self._host(role)}:{port}", proc, log, bootstrap_port)
         self.instances.append(inst)
         return inst
 
     def _serve(self, role: str, index: int, tp: int, args: list[str]) -> Instance:
-        port = free_port(self.host)
+        port = self._port(role)
         producer = role == "prefill"
         kv = {"kv_connector": "MooncakeConnector",
               "kv_role": "kv_producer" if producer else "kv_consumer",
@@ -145,11 +157,11 @@ class PDCluster:
         if not producer:
             kv["kv_load_failure_policy"] = self.load_failure_policy
         cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", self.model,
-               "--device", "npu", "--host", self.host, "--port", str(port),
+               "--device", "npu", "--host", self._host(role), "--port", str(port),
                "--tensor-parallel-size", str(tp), "--kv-transfer-config", json.dumps(kv),
                *self.serve_args, *args]
         return self._spawn(role, f"{role}{index}", cmd, port,
-                           free_port(self.host) if producer else None)
+                           self._port(role) if producer else None)
 
     def start(self) -> PDCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -159,7 +171,7 @@ class PDCluster:
             for i, tp in enumerate(self.decode_tp):
                 self._serve("decode", i, tp, self.decode_args)
             self.wait_healthy(self.prefills + self.decodes)
-            self.port = self.port or free_port(self.host)
+            self.port = self.port or self._port("proxy")
             self.start_router()
         except BaseException:
             self.stop()
@@ -172,7 +184,7 @@ class PDCluster:
 
     def start_router(self) -> Instance:
         """Start the router on `port` (again, after a restart: same port, same instances)."""
-        cmd = [sys.executable, "-m", "vllm_npu.disagg.proxy", "--host", self.host,
+        cmd = [sys.executable, "-m", "vllm_npu.disagg.proxy", "--host", self._host("proxy"),
                "--port", str(self.port), *self.router_args]
         for p in self.prefills:
             cmd += ["--prefill", p.url, str(p.bootstrap_port)]

@@ -27,8 +27,8 @@ and vLLM aborts what is still running on either side.
         --decode http://127.0.0.1:8200
 
 Endpoints: POST /v1/completions, /v1/chat/completions; GET /v1/models, /version and POST
-/tokenize, /detokenize (a decode instance answers); GET /health (200 while at least one prefill and one decode instance answer theirs),
-/metrics (the router's own, Prometheus).
+/tokenize, /detokenize (a decode instance answers); GET /health (200 while at least one
+prefill and one decode instance answer theirs), /metrics (the router's own, Prometheus).
 """
 from __future__ import annotations
 
