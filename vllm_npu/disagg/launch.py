@@ -30,16 +30,19 @@ _LOWEST = 10000  # ports below are often fixed ones of other services
 
 
 def _die_with_parent() -> None:
-    """In each instance (its own session, so kill() reaches its whole group): SIGKILL when
+    """In each instance (its own session, so kill() reaches its whole group): SIGTERM when
     the process that started it dies, so a launcher killed without its cleanup (SIGKILL, a
-    test's timeout) leaves no instance behind (vLLM's engine processes follow their API
-    server). Linux prctl(PR_SET_PDEATHSIG); elsewhere nothing."""
+    test's timeout) leaves no instance behind. SIGTERM, not SIGKILL: vLLM's API server then
+    shuts its engine and worker processes down (SIGKILLed, it died alone and they lived
+    on). Linux prctl(PR_SET_PDEATHSIG); elsewhere nothing."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
 _handed_out: set[int] = set()
 _rng = random.Random()
 
