@@ -177,11 +177,7 @@ def test_request_timeout_is_a_504_and_frees_both_sides(pd):
     """A second router on the same instances, with --request-timeout-s 0.5."""
     c, path = pd
     port = free_port()
-    cmd = [sys.executable, "-m", "vllm_npu.disagg.proxy", "--port", str(port),
-           "--request-timeout-s", "0.5", "--prefill", c.prefills[0].url,
-           str(c.prefills[0].bootstrap_port)]
-    for d in c.decodes:
-        cmd += ["--decode", d.url]
+    cmd = c.router_cmd(port, ["--request-timeout-s", "0.5"])
     log = c.log_dir / "proxy-timeout.log"
     with open(log, "w") as out:
         router = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)

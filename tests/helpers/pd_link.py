@@ -17,18 +17,8 @@ from pathlib import Path
 
 import requests
 
+from tests.helpers.pd import busy, metric
 from vllm_npu.disagg.launch import PDCluster
-
-
-def _metric(url: str, name: str) -> float:
-    text = requests.get(f"{url}/metrics", timeout=60).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith((name + "{", name + " ")))
-
-
-def _state(url: str) -> list[float]:
-    return [_metric(url, m) for m in ("vllm:kv_cache_usage_perc", "vllm:num_requests_running",
-                                      "vllm:num_requests_waiting")]
 
 
 def main(config_path: str) -> None:
@@ -52,14 +42,14 @@ def main(config_path: str) -> None:
         took = time.time() - t0
         prefill, decode = cluster.prefills[0].url, cluster.decodes[0].url
         deadline = time.time() + 60
-        while any(_state(u) != [0.0, 0.0, 0.0] for u in (prefill, decode)) and \
+        while any(busy(u) != (0.0, 0.0, 0.0) for u in (prefill, decode)) and \
                 time.time() < deadline:
             time.sleep(0.5)
         Path(cfg["out"]).write_text(json.dumps({
             "tokens": tokens, "seconds": took,
-            "kv_bytes": _metric(prefill, "vllm:mooncake_bytes_transferred_sum"),
-            "xfer_s": _metric(prefill, "vllm:mooncake_xfer_time_seconds_sum"),
-            "state": {"prefill": _state(prefill), "decode": _state(decode)}}))
+            "kv_bytes": metric(prefill, "vllm:mooncake_bytes_transferred_sum"),
+            "xfer_s": metric(prefill, "vllm:mooncake_xfer_time_seconds_sum"),
+            "state": {"prefill": busy(prefill), "decode": busy(decode)}}))
 
 
 if __name__ == "__main__":

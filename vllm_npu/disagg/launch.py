@@ -185,14 +185,19 @@ class PDCluster:
     def router(self) -> Instance:
         return next(i for i in reversed(self.instances) if i.role == "proxy")
 
-    def start_router(self) -> Instance:
-        """Start the router on `port` (again, after a restart: same port, same instances)."""
+    def router_cmd(self, port: int, args: list[str]) -> list[str]:
+        """The command of a router over this deployment's instances."""
         cmd = [sys.executable, "-m", "vllm_npu.disagg.proxy", "--host", self._host("proxy"),
-               "--port", str(self.port), *self.router_args]
+               "--port", str(port), *args]
         for p in self.prefills:
             cmd += ["--prefill", p.url, str(p.bootstrap_port)]
         for d in self.decodes:
             cmd += ["--decode", d.url]
+        return cmd
+
+    def start_router(self) -> Instance:
+        """Start the router on `port` (again, after a restart: same port, same instances)."""
+        cmd = self.router_cmd(self.port, self.router_args)
         earlier = sum(i.role == "proxy" for i in self.instances)
         router = self._spawn("proxy", f"proxy{earlier or ''}", cmd, self.port)
         self.wait_healthy([router])

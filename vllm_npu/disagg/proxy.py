@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -211,22 +212,20 @@ class Router:
             await asyncio.gather(*(self._check(r, i) for r, i in self._instances()))
             await asyncio.sleep(self.health_interval_s)
 
-    def _pick_decode(self) -> Decoder:
-        live = [d for d in self.decoders if d.up]
+    def _next(self, role: str, live: list, pool: list) -> object:
+        """Round robin over the live choices of one role."""
         if not live:
-            raise Unavailable("no decode instance answers /health "
-                              f"({', '.join(d.url for d in self.decoders)})")
-        self._turn["decode"] += 1
-        return live[(self._turn["decode"] - 1) % len(live)]
+            raise Unavailable(f"no {role} instance answers /health "
+                              f"({', '.join(x.url for x in pool)})")
+        self._turn[role] += 1
+        return live[(self._turn[role] - 1) % len(live)]
+
+    def _pick_decode(self) -> Decoder:
+        return self._next("decode", [d for d in self.decoders if d.up], self.decoders)
 
     def _pick_prefill(self) -> tuple[Prefiller, int]:
-        pairs = [(p, dp) for p in self.prefillers for dp in sorted(p.engine_ids)]
-        live = [(p, dp) for p, dp in pairs if p.up]
-        if not live:
-            raise Unavailable("no prefill instance answers /health "
-                              f"({', '.join(p.url for p in self.prefillers)})")
-        self._turn["prefill"] += 1
-        return live[(self._turn["prefill"] - 1) % len(live)]
+        live = [(p, dp) for p in self.prefillers if p.up for dp in sorted(p.engine_ids)]
+        return self._next("prefill", live, self.prefillers)
 
     # -- one request -----------------------------------------------------------------------
     async def prefill(self, p: Prefiller, dp: int, api: str, body: dict, xfer: str,
@@ -469,6 +468,12 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+def _endpoint(handler, path: str):
+    async def endpoint(request: Request) -> Response:
+        return await handler(path, request)
+    return endpoint
+
+
 def build_app(router: Router) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -479,14 +484,6 @@ def build_app(router: Router) -> FastAPI:
         await router.client.aclose()
 
     app = FastAPI(lifespan=lifespan)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await router.handle("/v1/completions", request)
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        return await router.handle("/v1/chat/completions", request)
 
     async def forward(method: str, path: str, request: Request) -> Response:
         """A request any instance answers alike (the model list, tokenizing): to a decode
@@ -508,21 +505,13 @@ def build_app(router: Router) -> FastAPI:
                 router._mark("decode", decoder, False)
         return Unavailable(f"no decode instance answered {path}").response(path)
 
-    @app.get("/v1/models")
-    async def models(request: Request):
-        return await forward("GET", "/v1/models", request)
-
-    @app.get("/version")
-    async def version(request: Request):
-        return await forward("GET", "/version", request)
-
-    @app.post("/tokenize")
-    async def tokenize(request: Request):
-        return await forward("POST", "/tokenize", request)
-
-    @app.post("/detokenize")
-    async def detokenize(request: Request):
-        return await forward("POST", "/detokenize", request)
+    for method, path, handler in (
+            ("POST", "/v1/completions", router.handle),
+            ("POST", "/v1/chat/completions", router.handle),
+            *((m, p, functools.partial(forward, m)) for m, p in (
+                ("GET", "/v1/models"), ("GET", "/version"), ("POST", "/tokenize"),
+                ("POST", "/detokenize")))):
+        app.add_api_route(path, _endpoint(handler, path), methods=[method])
 
     @app.get("/health")
     async def health():
