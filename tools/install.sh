@@ -24,7 +24,7 @@ fi
 
 # The package, editable; its build step (setup.py) also compiles the CPU HCCL simulator
 # csrc/ -> vllm_npu/distributed/libhccl_sim.so, the same way a wheel gets it.
-$PIP install -q --no-build-isolation -e ".[test,pd]"
+$PIP install -q --no-build-isolation -e ".[test,pd,bench]"
 "$VENV/bin/python" -c "from vllm_npu.distributed.hccl_library import SIMULATOR_PATH as p; \
 import sys; sys.exit(0 if p.is_file() else 1)" || echo "install.sh: the HCCL simulator \
 was not built (no C compiler?): the single-device simulated NPU works; TP/PP/DP on the \

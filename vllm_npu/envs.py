@@ -34,6 +34,16 @@ def _positive_float(name: str, raw: str) -> float:
     return value
 
 
+def _non_negative_float(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if not value >= 0:
+        raise ValueError(f"{name}={raw!r} must be >= 0")
+    return value
+
+
 def _positive_int(name: str, raw: str) -> int:
     try:
         value = int(raw)
@@ -72,6 +82,10 @@ NPU_SIM_CORES = EnvVar("NPU_SIM_CORES", 0, _positive_int,
                        "the ranks on this host.")
 NPU_SIM_DEVICE_COUNT = EnvVar("NPU_SIM_DEVICE_COUNT", 8, _positive_int,
                               "Number of simulated NPUs on this host.")
+NPU_KV_IDLE_POLL_MS = EnvVar(
+    "NPU_KV_IDLE_POLL_MS", 5.0, _non_negative_float,
+    "With a KV connector: ms a worker pauses after an engine step that ran no tokens and "
+    "found no transfer finished (the engine polls transfers in a loop); 0: no pause.")
 
 # HCCL: the two HCCL_SIM_* are read by the simulator library itself (getenv); declared here
 # so that every variable the plugin honours is listed in one place.
@@ -113,4 +127,4 @@ NPU_EPLB_FAIL_TRANSFER = EnvVar(
     "that rank's first EPLB weight transfer of that MoE layer once (tests the rollback).")
 
 ALL = (NPU_PLUGIN_DISABLE, NPU_PLUGIN_SIMULATE, NPU_SIM_MEMORY_GB, NPU_SIM_DEVICE_COUNT,
-       HCCL_LIBRARY_PATH, HCCL_SIM_TIMEOUT_S, HCCL_SIM_BUFFER_MB, NPU_EPLB_FAIL_TRANSFER)
+       NPU_KV_IDLE_POLL_MS, HCCL_LIBRARY_PATH, HCCL_SIM_TIMEOUT_S, HCCL_SIM_BUFFER_MB, NPU_EPLB_FAIL_TRANSFER)

@@ -27,6 +27,8 @@ RUNS = {
     "pd_transfer.py": ["--lengths", "128", "--requests", "1"],
     "eplb_families.py": ["--families", "bursty", "--ranks", "16", "--layers", "2",
                          "--windows", "2", "--seeds", "tuning"],
+    # The soak's CI version: 2 minutes, the decode instance and the router killed once each.
+    "soak.py": ["--minutes", "2", "--fault-every-s", "40", "--warmup-s", "30"],
 }
 
 
@@ -45,7 +47,11 @@ def _breakdown_nests(stdout: str) -> None:
     assert 0 < ms["schedule"] < step and 0 < ms["sample_tokens"] < step, ms
 
 
-CHECKS = {"throughput_vs_cpu_backend.py": _breakdown_nests}
+def _soak_passed(stdout: str) -> None:
+    assert "\nPASS\n" in stdout and "faults injected: 2;" in stdout, stdout[-3000:]
+
+
+CHECKS = {"throughput_vs_cpu_backend.py": _breakdown_nests, "soak.py": _soak_passed}
 
 
 def test_every_benchmark_script_is_covered():
@@ -58,7 +64,7 @@ def test_every_benchmark_script_is_covered():
 def test_benchmark_runs_to_the_end(script, tmp_path):
     out = subprocess.run([sys.executable, str(BENCH / script), *RUNS[script]],
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
     assert len(rows) >= 3, out.stdout[-2000:]  # header, rule, at least one result row
     if script in CHECKS:

@@ -236,9 +236,11 @@ def test_router_refuses_bad_prefill_arguments(values, message):
 
 
 def _router(prefill_status: int, decode_gate: asyncio.Event, log: list,
-            refused: tuple[str, ...] = (), **kw) -> Router:
+            refused: tuple[str, ...] = (), finish: str = "length", **kw) -> Router:
     """A router over mocked instances: prefill p:1 (bootstrap p:2), q:1 (q:2) when `refused`
-    names p:1, decode d:3; a host in `refused` refuses connections."""
+    names p:1, decode d:3; a host in `refused` refuses connections. A prefill's 200 ends
+    its token with `finish`; the log holds each half's (url, kv_transfer_params,
+    max_tokens, body)."""
     prefills = [Prefiller("http://p:1", bootstrap="http://p:2")]
     if refused:
         prefills.append(Prefiller("http://q:1", bootstrap="http://q:2"))
@@ -255,10 +257,12 @@ def _router(prefill_status: int, decode_gate: asyncio.Event, log: list,
         if request.url.host in refused:
             log.append((url, "refused"))
             raise httpx.ConnectError("connection refused", request=request)
-        log.append((url, body["kv_transfer_params"], body["max_tokens"]))
+        log.append((url, body.get("kv_transfer_params"), body["max_tokens"], body))
         if url.startswith(("http://p:1", "http://q:1")):
             if refused:
                 decode_gate.set()   # the decode half goes on once a prefill answered
+            if prefill_status == 200:
+                return httpx.Response(200, json={"choices": [{"finish_reason": finish}]})
             return httpx.Response(prefill_status, text="prompt too long")
         try:
             await decode_gate.wait()
@@ -297,6 +301,54 @@ def test_router_pairs_prefill_and_decode_under_one_transfer_id():
     assert decode[1]["do_remote_prefill"] and decode[1]["remote_engine_id"] == "E-p"
     assert decode[1]["remote_bootstrap_addr"] == "http://p:2"
     assert prefill[1]["transfer_id"] == decode[1]["transfer_id"]
+
+
+def _open() -> asyncio.Event:
+    gate = asyncio.Event()
+    gate.set()
+    return gate
+
+
+def test_nothing_ends_the_prefill_half_before_its_token_limit():
+    """vLLM's Mooncake producer sends KV only for a request that ended at its token limit;
+    one ended by EOS, a stop string or a grammar sends none and its decode half waited 480
+    s (seen: a tiny model whose first token was EOS). The prefill half goes without the
+    fields that can end it early and with min_tokens=1; the decode half keeps them all."""
+    log: list = []
+    reply, _ = _ask(_router(200, _open(), log), stop=["\n"], stop_token_ids=[7],
+                    structured_outputs={"choice": ["a", "b"]})
+    assert reply.status_code == 200
+    prefill = next(x[3] for x in log if x[0].startswith("http://p:1"))
+    decode = next(x[3] for x in log if x[0].startswith("http://d:3"))
+    assert prefill["max_tokens"] == prefill["min_tokens"] == 1
+    assert not {"stop", "stop_token_ids", "structured_outputs"} & prefill.keys()
+    assert decode["stop"] == ["\n"] and decode["stop_token_ids"] == [7]
+    assert decode["structured_outputs"] == {"choice": ["a", "b"]}
+
+
+@pytest.mark.parametrize("fan_out", [{"n": 2}, {"best_of": 3}])
+def test_a_request_of_several_samples_runs_whole_on_a_decode_instance(fan_out):
+    """Each of a request's n samples would pull the one transfer, and the second waits for
+    KV the prefill side no longer has: such a request goes to a decode instance whole,
+    without kv_transfer_params, and no prefill instance sees it."""
+    log: list = []
+    reply, _ = _ask(_router(200, _open(), log), **fan_out)
+    assert reply.status_code == 200
+    assert [(url, params, tokens) for url, params, tokens, _ in log] == [
+        ("http://d:3/v1/completions", None, 3)]
+    assert fan_out.items() <= log[0][3].items()
+
+
+def test_a_prefill_ended_early_fails_at_once():
+    """A prefill half that still ends before its limit (finish_reason 'stop') sends no KV:
+    the router answers 502 naming it and cancels the decode half, which would wait."""
+    log: list = []
+    reply, _ = _ask(_router(200, asyncio.Event(), log, finish="stop"))
+    assert reply.status_code == 502
+    assert reply.json()["error"]["message"] == (
+        "prefill instance http://p:1 ended the request with finish_reason 'stop', not "
+        "'length': it sends no KV")
+    assert "decode cancelled" in log
 
 
 @pytest.mark.parametrize("status, client_status", [(400, 400), (500, 502)])
@@ -443,10 +495,15 @@ def test_launcher_environment_per_instance(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("results, calls, expect", [
     ([0], 1, 0), ([-1, 0], 2, 0), ([-1, -1, 0], 3, 0), ([-1, -1, -1, 0], 3, -1)])
-def test_a_failed_kv_write_is_retried_twice(results, calls, expect):
+def test_a_failed_kv_write_is_retried_twice(results, calls, expect, monkeypatch):
     """The producer's write of a request's blocks (vLLM's `_send_blocks`): two retries after
-    the transfer engine reports a failure, then the failure goes to the decode side."""
+    the transfer engine reports a failure, each after the transport's reconnect cooldown,
+    then the failure goes to the decode side."""
     from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector
+    from vllm_npu.distributed.kv_transfer import mooncake
+
+    pauses: list[float] = []
+    monkeypatch.setattr(mooncake.time, "sleep", pauses.append)
 
     # the override only works while vLLM's producer still calls this method by this name
     assert "_send_blocks" in vars(mooncake_connector.MooncakeConnectorWorker)
@@ -466,6 +523,7 @@ def test_a_failed_kv_write_is_retried_twice(results, calls, expect):
                                         record_failed_transfer=lambda: None)
     assert worker._send_blocks("127.0.0.1:1", [1, 2], [3, 4], [16, 16]) == expect
     assert seen == [("127.0.0.1:1", [1, 2], [3, 4], [16, 16])] * calls
+    assert pauses == [mooncake.RETRY_PAUSE_S] * (calls - 1) and mooncake.RETRY_PAUSE_S > 1
 
 
 def test_instances_die_with_a_launcher_killed_without_cleanup(tmp_path):
@@ -497,3 +555,20 @@ def _state(pid: int) -> str:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def test_metric_sum_filters_by_labels():
+    """The instance-state reader sums a metric's samples, only those with the labels asked
+    for, and not the samples of a metric whose name extends the one asked for."""
+    from vllm_npu.disagg.instance_state import metric_sum
+
+    text = "\n".join([
+        "# HELP vllm:num_requests_running Number of requests",
+        'vllm:num_requests_running{engine="0",model_name="m"} 2.0',
+        'vllm:num_requests_running{engine="1",model_name="m"} 3.0',
+        'vllm:num_requests_running_total{engine="0"} 100.0',
+        "vllm:kv_cache_usage_perc 0.25"])
+    assert metric_sum(text, "vllm:num_requests_running") == 5.0
+    assert metric_sum(text, "vllm:num_requests_running", engine="1") == 3.0
+    assert metric_sum(text, "vllm:kv_cache_usage_perc") == 0.25
+    assert metric_sum(text, "vllm:num_requests_waiting") == 0.0

@@ -140,6 +140,57 @@ def test_health_and_metrics(pd):
     assert router_count(c, "bad_request") >= 1
 
 
+def test_a_request_whose_first_token_stops_it(pd):
+    """The prefill half's one token may be a stop token or stop string of the request: vLLM's
+    Mooncake producer then sent no KV and the decode half waited 480 s (the router strips
+    what ends the prefill half early). Here the first greedy token is the stop token, or its
+    text the stop string: the request ends at once with finish_reason 'stop', no text."""
+    c, path = pd
+    prompt = random_prompt(3, 30, vocab(path))
+    first = hf_greedy(path, prompt, 1)[0]
+    text = requests.post(f"{c.url}/detokenize", json={"model": path, "tokens": [first]},
+                         timeout=30).json()["prompt"]
+    for stop in ({"stop_token_ids": [first]}, {"stop": [text]} if text.strip() else {}):
+        if not stop:
+            continue
+        reply = requests.post(f"{c.url}/v1/completions", timeout=60, json={
+            "model": path, "prompt": prompt, "max_tokens": 8, "temperature": 0, **stop})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["finish_reason"] == "stop", (stop, reply.json())
+        assert reply.json()["choices"][0]["text"] == ""
+    wait_idle(instances(c))
+
+
+def test_back_to_back_streams_read_to_their_end(pd):
+    """Two clients, each sending streams it reads to `data: [DONE]` and then leaves, and
+    plain requests, back to back. The router closed the socket of a stream its client had
+    left, sometimes after httpx had put that connection back in its pool: the next request
+    sent on it failed (ReadError, 58 of 579 in 45 s). Every request must be answered."""
+    c, path = pd
+
+    def one_client(seed: int) -> list[int]:
+        statuses = []
+        with httpx.Client(timeout=60) as http:
+            for i in range(24):
+                body = {"model": path, "prompt": random_prompt(seed * 100 + i, 12, vocab(path)),
+                        "max_tokens": 4, "temperature": 0}
+                if i % 2:
+                    statuses.append(http.post(f"{c.url}/v1/completions", json=body).status_code)
+                    continue
+                with http.stream("POST", f"{c.url}/v1/completions",
+                                 json={**body, "stream": True}) as reply:
+                    statuses.append(reply.status_code)
+                    for line in reply.iter_lines():
+                        if line == "data: [DONE]":
+                            break
+        return statuses
+
+    with cf.ThreadPoolExecutor(2) as pool:
+        statuses = [s for got in pool.map(one_client, (1, 2)) for s in got]
+    assert statuses == [200] * 48
+    wait_idle(instances(c))
+
+
 def _generated(c: PDCluster) -> float:
     return sum(metric(d.url, "vllm:generation_tokens_total") for d in c.decodes)
 

@@ -1,27 +1,17 @@
 """Reading a disaggregated deployment's state from its instances' Prometheus metrics."""
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
-import requests
+
+from vllm_npu.disagg.instance_state import load as busy
+from vllm_npu.disagg.instance_state import metric_sum, scrape
 
 
 def metric(url: str, name: str, **labels: str) -> float:
     """Sum of a Prometheus metric's samples whose labels include `labels`."""
-    total = 0.0
-    for line in requests.get(f"{url}/metrics", timeout=30).text.splitlines():
-        m = re.match(rf"{re.escape(name)}(?:{{(.*)}})? (\S+)$", line)
-        if m and all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
-
-
-def busy(url: str) -> tuple[float, float, float]:
-    """(KV cache usage, running, waiting) of one vLLM instance."""
-    return (metric(url, "vllm:kv_cache_usage_perc"), metric(url, "vllm:num_requests_running"),
-            metric(url, "vllm:num_requests_waiting"))
+    return metric_sum(scrape(url), name, **labels)
 
 
 def wait_idle(urls: list[str], timeout_s: float = 60) -> float:

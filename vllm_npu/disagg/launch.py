@@ -77,6 +77,12 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise RuntimeError(f"no free port on {host} in [{_LOWEST}, {low})")
 
 
+def _launch(cmd: list[str], env: dict[str, str], log: Path, mode: str) -> subprocess.Popen:
+    with open(log, mode) as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, preexec_fn=_die_with_parent)
+
+
 @dataclass
 class Instance:
     role: str                   # "prefill" / "decode" / "proxy"
@@ -84,6 +90,8 @@ class Instance:
     proc: subprocess.Popen
     log: Path
     bootstrap_port: int | None = None
+    cmd: list[str] = field(default_factory=list)       # as started (restart() reuses them)
+    env: dict[str, str] = field(default_factory=dict)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -143,13 +151,18 @@ class PDCluster:
     def _spawn(self, role: str, name: str, cmd: list[str], port: int,
                bootstrap_port: int | None = None) -> Instance:
         log = self.log_dir / f"{name}.log"
-        with open(log, "w") as out:
-            proc = subprocess.Popen([*self.wrap.get(role, []), *cmd], stdout=out,
-                                    stderr=subprocess.STDOUT, env=self._env(bootstrap_port, role),
-                                    start_new_session=True, preexec_fn=_die_with_parent)
-        inst = Instance(role, f"http://{self._host(role)}:{port}", proc, log, bootstrap_port)
+        cmd, env = [*self.wrap.get(role, []), *cmd], self._env(bootstrap_port, role)
+        inst = Instance(role, f"http://{self._host(role)}:{port}", _launch(cmd, env, log, "w"),
+                        log, bootstrap_port, cmd, env)
         self.instances.append(inst)
         return inst
+
+    def restart(self, inst: Instance) -> None:
+        """Kill the instance if it runs and start it again as before (same ports, same
+        engine ids' bootstrap port; its log appended to); wait for its /health."""
+        self.kill(inst)
+        inst.proc = _launch(inst.cmd, inst.env, inst.log, "a")
+        self.wait_healthy([inst])
 
     def _serve(self, role: str, index: int, tp: int, args: list[str]) -> Instance:
         port = self._port(role)

@@ -13,6 +13,9 @@ plugin ships one. Per request (the connector's protocol, kv_connector/v1/mooncak
    transfer_id}`: it pulls the KV through Mooncake (asking the prefill instance's bootstrap
    server where its workers are) and streams the answer back through this router.
 
+A request for several samples of one prompt (n or best_of above 1) runs whole on a decode
+instance: vLLM 0.33's connector moves one request's KV once, and each sample would pull it.
+
 Both halves carry the client's X-Request-Id (one is made if it sent none). The client is
 answered once the decode instance's first byte arrives, so a failure before it is a plain
 status: 502 naming the prefill or decode instance and its error, 504 past
@@ -55,6 +58,12 @@ logger = logging.getLogger("vllm_npu.disagg.proxy")
 DEFAULT_BOOTSTRAP_PORT = 8998  # vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT default
 HEALTH_TIMEOUT_S = 10.0
 HEALTH_MISSES = 3
+# Request fields the prefill half goes without (see Router.prefill); none changes the
+# prompt (a chat's tools do: they stay).
+PREFILL_DROPS = frozenset({
+    "stream_options", "n", "stop", "stop_token_ids", "structured_outputs", "response_format",
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar"})
+KEEPALIVE_S = 2.0     # < the instances' keep-alive (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s)
 
 
 class Failed(Exception):
@@ -138,6 +147,18 @@ def parse_prefill(values: list[str]) -> Prefiller:
     return Prefiller(url, bootstrap=f"http://{parts.hostname}:{port}")
 
 
+def _fans_out(body: dict) -> bool:
+    """More than one sample per prompt (n, or best_of above 1)."""
+    return any(isinstance(body.get(k), int) and body[k] > 1 for k in ("n", "best_of"))
+
+
+def _finish_reason(reply: httpx.Response) -> str | None:
+    try:
+        return reply.json()["choices"][0]["finish_reason"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
 class Router:
     def __init__(self, prefillers: list[Prefiller], decoders: list[str], wait_s: float,
                  timeout_s: float | None = None, health_interval_s: float = 2.0):
@@ -149,8 +170,12 @@ class Router:
         self.timeout_s = timeout_s
         self.health_interval_s = health_interval_s
         self.metrics = RouterMetrics()
+        # An idle pooled connection is dropped before the instance's server closes it
+        # (vLLM's uvicorn after VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s): with both at 5 s a request
+        # sent on a connection the server was closing failed with ReadError (seen in a soak).
         self.client = httpx.AsyncClient(timeout=None, limits=httpx.Limits(
-            max_connections=None, max_keepalive_connections=None))
+            max_connections=None, max_keepalive_connections=None,
+            keepalive_expiry=KEEPALIVE_S))
         self.ready = False
         self._turn = {"prefill": 0, "decode": 0}
 
@@ -230,12 +255,17 @@ class Router:
     # -- one request -----------------------------------------------------------------------
     async def prefill(self, p: Prefiller, dp: int, api: str, body: dict, xfer: str,
                       request_id: str) -> None:
-        body = dict(body, max_tokens=1, stream=False, kv_transfer_params={
+        # The prefill instance sends the KV only of a request that ended at its token limit
+        # (vLLM 0.33's MooncakeConnectorScheduler.request_finished: any other status is
+        # "not processed"), while the decode half waits for it up to
+        # VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT (480 s). So nothing may end the prefill
+        # half's one token early: EOS or a stop token (min_tokens), a stop string, a
+        # grammar's end. Its token is discarded; the decode half samples with all of them.
+        body = {k: v for k, v in body.items() if k not in PREFILL_DROPS}
+        body.update(max_tokens=1, min_tokens=1, stream=False, kv_transfer_params={
             "do_remote_decode": True, "do_remote_prefill": False, "transfer_id": xfer})
         if "max_completion_tokens" in body:
             body["max_completion_tokens"] = 1
-        body.pop("stream_options", None)
-        body.pop("n", None)
         t0 = time.monotonic()
         try:
             reply = await self.client.post(f"{p.url}{api}", json=body, headers={
@@ -252,6 +282,10 @@ class Router:
         if reply.status_code != 200:
             raise PrefillFailed(f"prefill instance {p.url} answered {reply.status_code}: "
                                 f"{reply.text[:500]}")
+        finish = _finish_reason(reply)
+        if finish != "length":     # no KV will come: fail now, not after the decode's wait
+            raise PrefillFailed(f"prefill instance {p.url} ended the request with "
+                                f"finish_reason {finish!r}, not 'length': it sends no KV")
 
     async def handle(self, api: str, request: Request) -> Response:
         t0 = time.monotonic()
@@ -365,18 +399,30 @@ class _Exchange:
         """Send both halves; return the decode instance's first byte(s)."""
         p, dp = self.router._pick_prefill()
         self.decoder = self.router._pick_decode()
-        xfer = f"xfer-{self.request_id}-{uuid.uuid4().hex[:8]}"
-        self.prefill_task = asyncio.create_task(self.router.prefill(
-            p, dp, self.api, self.body, xfer, self.request_id))
         self.gone = asyncio.create_task(_disconnected(self.request))
-        body = dict(self.body, kv_transfer_params={
-            "do_remote_decode": False, "do_remote_prefill": True,
-            "remote_engine_id": p.engine_ids[dp], "remote_bootstrap_addr": p.bootstrap,
-            "transfer_id": xfer})
+        if _fans_out(self.body):
+            # vLLM 0.33 hands each of a request's n samples the request's kv_transfer_params:
+            # each pulls the one transfer, and a second pull waits for KV the prefill side
+            # no longer has, failing after VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT (seen: n=2
+            # answered 500 after 30 s). Such a request runs whole on the decode instance.
+            self.prefill_task = asyncio.create_task(asyncio.sleep(0))
+            body = dict(self.body)
+        else:
+            xfer = f"xfer-{self.request_id}-{uuid.uuid4().hex[:8]}"
+            self.prefill_task = asyncio.create_task(self.router.prefill(
+                p, dp, self.api, self.body, xfer, self.request_id))
+            body = dict(self.body, kv_transfer_params={
+                "do_remote_decode": False, "do_remote_prefill": True,
+                "remote_engine_id": p.engine_ids[dp], "remote_bootstrap_addr": p.bootstrap,
+                "transfer_id": xfer})
         url = self.decoder.url
+        # Its own connection (closed after it, never pooled): close() may shut the socket
+        # of a reply the client left, and httpx may have put that connection back in the
+        # pool already (its body was all read): the next request sent on it failed with
+        # ReadError (58 of 579 requests in 45 s of streams ending on [DONE]).
         send = self.router.client.send(self.router.client.build_request(
             "POST", f"{url}{self.api}", json=body,
-            headers={"X-Request-Id": self.request_id}), stream=True)
+            headers={"X-Request-Id": self.request_id, "Connection": "close"}), stream=True)
         self.reply = await self._wait(send, f"the decode instance {url}'s answer")
         self.chunks = self.reply.aiter_bytes()
         first = await self.next_chunk()

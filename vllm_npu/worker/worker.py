@@ -22,6 +22,7 @@ from vllm_npu.device import log_backend, select_backend
 from vllm_npu.distributed.kv_transfer.config import check_worker_connector
 from vllm_npu.ops.sim import cores
 from vllm_npu.worker.accelerator import on_npu_runtime
+from vllm_npu.worker.kv_poll import pause_if_only_polling
 from vllm_npu.ops.sim.memory import PeakMemoryTracker, keep_freed_heap, register_resident
 from vllm_npu.worker.sleep import SleepState
 
@@ -85,7 +86,9 @@ class NPUWorker(Worker):
 
     @on_npu_runtime
     def execute_model(self, scheduler_output):
-        return super().execute_model(scheduler_output)
+        output = super().execute_model(scheduler_output)
+        pause_if_only_polling(scheduler_output, output)
+        return output
 
     @on_npu_runtime
     def sample_tokens(self, grammar_output):

@@ -31,7 +31,9 @@ MLA's latent cache is the same on every TP rank (replicated), so any TP pair wor
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -49,6 +51,15 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 WRITE_ATTEMPTS = 3  # per block write to a decode instance (see _send_blocks)
+RETRY_PAUSE_S = 1.5  # before each retry: past the TCP transport's 1 s reconnect cooldown
+# Mooncake 0.3.13's TCP transport fails a session that makes no progress for
+# MC_TCP_PROGRESS_TIMEOUT_SEC, or whose write is not acknowledged within
+# MC_TCP_STATUS_TIMEOUT_SEC (30 s each; tcp_transport_session_impl.h, Mooncake PR #3542), and
+# then drops that connection. A stalled write (see _send_blocks) so held its request 30 s per
+# attempt; at 5 s the retry on a new connection comes sooner. Both measure inactivity, not
+# the whole transfer, so a slow link that makes progress is not cut. An operator's own
+# values win.
+TCP_STALL_S = {"MC_TCP_PROGRESS_TIMEOUT_SEC": "5", "MC_TCP_STATUS_TIMEOUT_SEC": "5"}
 
 
 def reorder_split_blocks(plane: torch.Tensor, block_ids: list[int], splits: int) -> None:
@@ -76,6 +87,8 @@ class NPUMooncakeConnectorWorker(upstream.MooncakeConnectorWorker):
 
     def __init__(self, vllm_config: VllmConfig, engine_id: str,
                  kv_cache_config: KVCacheConfig):
+        for name, value in TCP_STALL_S.items():   # read by the transfer engine made below
+            os.environ.setdefault(name, value)
         super().__init__(vllm_config, engine_id, kv_cache_config)
         # Splits heads across TP: the only case where the in-block layout matters.
         self._heads_split = not self.use_mla and not kv_cache_config.has_mamba_layers
@@ -179,7 +192,7 @@ class NPUMooncakeConnectorWorker(upstream.MooncakeConnectorWorker):
     def _send_blocks(self, remote_session: str, src_ptrs: list[int], dst_ptrs: list[int],
                      lengths: list[int]) -> int:
         """Retries of a failed write, each on a fresh connection, before the request fails.
-        Mooncake 0.3.13's TCP transport can stall a write for its 30 s timeout when two
+        Mooncake 0.3.13's TCP transport can stall a write until its timeout (TCP_STALL_S) when two
         producer ranks (a TP=2 prefill) write to one decode instance at once: the
         receiver stops draining both connections, the client drops them and reports -1
         (tests/e2e/test_pd_disagg.py, 2P1D: 2 of 8 runs on loopback, both ranks at once,
@@ -193,6 +206,9 @@ class NPUMooncakeConnectorWorker(upstream.MooncakeConnectorWorker):
                 break
             logger.warning("Retrying the write of %d bytes to %s (attempt %d of %d)",
                            sum(lengths), remote_session, attempt, WRITE_ATTEMPTS)
+            # The transport reconnects a dropped lane only after a 1 s cooldown; a retry
+            # sent sooner failed at once (seen: 60 us after the 5 s stall).
+            time.sleep(RETRY_PAUSE_S)
             ret = super()._send_blocks(remote_session, src_ptrs, dst_ptrs, lengths)
         return ret
 
