@@ -102,7 +102,9 @@ def one_request(http: httpx.Client, url: str, model: str, kind: str,
             reply = http.post(url + api, content=b"{\"model\": ", timeout=CLIENT_TIMEOUT_S,
                               headers={"content-type": "application/json"})
         else:
-            body.update(max_tokens=0) if bad == "max_tokens" else \
+            if bad == "max_tokens":
+                body.update(max_tokens=0)
+            else:
                 body.update(prompt=[7] * (MAX_MODEL_LEN + 10))
             reply = http.post(url + api, json=body, timeout=CLIENT_TIMEOUT_S)
         return ("refused" if 400 <= reply.status_code < 500 else

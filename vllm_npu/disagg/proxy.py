@@ -52,72 +52,24 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from vllm_npu.disagg.halves import decode_body, fans_out, finish_reason, prefill_body
+from vllm_npu.disagg.outcomes import (
+    ClientGone,
+    DecodeFailed,
+    Failed,
+    PrefillFailed,
+    Refused,
+    TimedOut,
+    Unavailable,
+    error_body,
+)
 from vllm_npu.disagg.router_metrics import RouterMetrics
 
 logger = logging.getLogger("vllm_npu.disagg.proxy")
 DEFAULT_BOOTSTRAP_PORT = 8998  # vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT default
 HEALTH_TIMEOUT_S = 10.0
 HEALTH_MISSES = 3
-# Request fields the prefill half goes without (see Router.prefill); none changes the
-# prompt (a chat's tools do: they stay).
-PREFILL_DROPS = frozenset({
-    "stream_options", "n", "stop", "stop_token_ids", "structured_outputs", "response_format",
-    "guided_json", "guided_regex", "guided_choice", "guided_grammar"})
 KEEPALIVE_S = 2.0     # < the instances' keep-alive (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s)
-
-
-class Failed(Exception):
-    """A request the router ends with `status` and an OpenAI-style error body. `refused`:
-    the instance refused the connection, so nothing reached it and another may be tried."""
-    status, kind, outcome = 502, "BadGateway", "upstream_error"
-
-    def __init__(self, message: str, refused: bool = False):
-        super().__init__(message)
-        self.refused = refused
-
-    def response(self, request_id: str) -> JSONResponse:
-        return JSONResponse(_error_body(str(self), self.kind, self.status),
-                            status_code=self.status, headers={"X-Request-Id": request_id})
-
-
-class PrefillFailed(Failed):
-    outcome = "prefill_failed"
-
-
-class DecodeFailed(Failed):
-    outcome = "decode_failed"
-
-
-class TimedOut(Failed):
-    status, kind, outcome = 504, "GatewayTimeout", "timeout"
-
-
-class Unavailable(Failed):
-    status, kind, outcome = 503, "ServiceUnavailable", "unavailable"
-
-
-class Refused(Failed):
-    """The prefill instance refused the request itself (a 4xx: too long, bad parameters):
-    its status and body go to the client as they are."""
-    outcome = "upstream_error"
-
-    def __init__(self, reply: httpx.Response):
-        super().__init__(f"the prefill instance answered {reply.status_code}")
-        self.reply = reply
-        self.status = reply.status_code
-
-    def response(self, request_id: str) -> Response:
-        return Response(self.reply.content, status_code=self.status,
-                        headers={"X-Request-Id": request_id},
-                        media_type=self.reply.headers.get("content-type"))
-
-
-class ClientGone(Exception):
-    pass
-
-
-def _error_body(message: str, kind: str, status: int) -> dict:
-    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
 
 @dataclass
@@ -145,18 +97,6 @@ def parse_prefill(values: list[str]) -> Prefiller:
         raise argparse.ArgumentTypeError(f"--prefill {url} bootstrap port {port!r}: "
                                          "expected a port number")
     return Prefiller(url, bootstrap=f"http://{parts.hostname}:{port}")
-
-
-def _fans_out(body: dict) -> bool:
-    """More than one sample per prompt (n, or best_of above 1)."""
-    return any(isinstance(body.get(k), int) and body[k] > 1 for k in ("n", "best_of"))
-
-
-def _finish_reason(reply: httpx.Response) -> str | None:
-    try:
-        return reply.json()["choices"][0]["finish_reason"]
-    except (ValueError, KeyError, IndexError, TypeError):
-        return None
 
 
 class Router:
@@ -255,17 +195,7 @@ class Router:
     # -- one request -----------------------------------------------------------------------
     async def prefill(self, p: Prefiller, dp: int, api: str, body: dict, xfer: str,
                       request_id: str) -> None:
-        # The prefill instance sends the KV only of a request that ended at its token limit
-        # (vLLM 0.33's MooncakeConnectorScheduler.request_finished: any other status is
-        # "not processed"), while the decode half waits for it up to
-        # VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT (480 s). So nothing may end the prefill
-        # half's one token early: EOS or a stop token (min_tokens), a stop string, a
-        # grammar's end. Its token is discarded; the decode half samples with all of them.
-        body = {k: v for k, v in body.items() if k not in PREFILL_DROPS}
-        body.update(max_tokens=1, min_tokens=1, stream=False, kv_transfer_params={
-            "do_remote_decode": True, "do_remote_prefill": False, "transfer_id": xfer})
-        if "max_completion_tokens" in body:
-            body["max_completion_tokens"] = 1
+        body = prefill_body(body, xfer)
         t0 = time.monotonic()
         try:
             reply = await self.client.post(f"{p.url}{api}", json=body, headers={
@@ -282,7 +212,7 @@ class Router:
         if reply.status_code != 200:
             raise PrefillFailed(f"prefill instance {p.url} answered {reply.status_code}: "
                                 f"{reply.text[:500]}")
-        finish = _finish_reason(reply)
+        finish = finish_reason(reply)
         if finish != "length":     # no KV will come: fail now, not after the decode's wait
             raise PrefillFailed(f"prefill instance {p.url} ended the request with "
                                 f"finish_reason {finish!r}, not 'length': it sends no KV")
@@ -299,7 +229,7 @@ class Router:
                     raise ValueError(f"expected a JSON object, got {type(body).__name__}")
             except ValueError as e:
                 self._finish(api, "bad_request", t0)
-                return JSONResponse(_error_body(f"the request body is not JSON: {e}",
+                return JSONResponse(error_body(f"the request body is not JSON: {e}",
                                                 "BadRequestError", 400), status_code=400)
             if not self.ready:
                 raise Unavailable("the router is still discovering its prefill instances")
@@ -337,7 +267,7 @@ class Router:
         except Exception as e:  # a router bug: answer, count it, keep serving
             logger.exception("request %s", request_id)
             self._finish(api, "upstream_error", t0)
-            return JSONResponse(_error_body(f"router error: {e!r}", "InternalServerError",
+            return JSONResponse(error_body(f"router error: {e!r}", "InternalServerError",
                                             500), status_code=500)
         finally:
             if exchange is not None:
@@ -364,7 +294,7 @@ class Router:
                                  exchange.request_id, e)
                     outcome = e.outcome
                     end = b"" if tail.endswith(b"\n\n") else b"\n\n"
-                    yield end + b"data: " + json.dumps(_error_body(
+                    yield end + b"data: " + json.dumps(error_body(
                         str(e), e.kind, e.status)).encode() + b"\n\ndata: [DONE]\n\n"
                     return
                 if chunk is None:
@@ -397,24 +327,17 @@ class _Exchange:
 
     async def start(self) -> bytes:
         """Send both halves; return the decode instance's first byte(s)."""
-        p, dp = self.router._pick_prefill()
         self.decoder = self.router._pick_decode()
         self.gone = asyncio.create_task(_disconnected(self.request))
-        if _fans_out(self.body):
-            # vLLM 0.33 hands each of a request's n samples the request's kv_transfer_params:
-            # each pulls the one transfer, and a second pull waits for KV the prefill side
-            # no longer has, failing after VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT (seen: n=2
-            # answered 500 after 30 s). Such a request runs whole on the decode instance.
+        if fans_out(self.body):     # runs whole on the decode instance (halves.py)
             self.prefill_task = asyncio.create_task(asyncio.sleep(0))
             body = dict(self.body)
         else:
+            p, dp = self.router._pick_prefill()
             xfer = f"xfer-{self.request_id}-{uuid.uuid4().hex[:8]}"
             self.prefill_task = asyncio.create_task(self.router.prefill(
                 p, dp, self.api, self.body, xfer, self.request_id))
-            body = dict(self.body, kv_transfer_params={
-                "do_remote_decode": False, "do_remote_prefill": True,
-                "remote_engine_id": p.engine_ids[dp], "remote_bootstrap_addr": p.bootstrap,
-                "transfer_id": xfer})
+            body = decode_body(self.body, p.engine_ids[dp], p.bootstrap, xfer)
         url = self.decoder.url
         # Its own connection (closed after it, never pooled): close() may shut the socket
         # of a reply the client left, and httpx may have put that connection back in the
