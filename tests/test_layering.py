@@ -17,7 +17,7 @@ PACKAGE = ROOT / "vllm_npu"
 
 # Lowest first; a unit imports only units of a lower level (and itself).
 LAYERS = [
-    ("envs", "versions"),
+    ("envs", "versions", "fork_safety", "torchvision_shim"),  # stdlib (and torch) only
     ("device",),                          # real NPU or simulated
     ("ops",),                             # the op surface and the simulator behind it
     ("compilation", "kv_layout", "eplb.policy", "testing", "disagg"),

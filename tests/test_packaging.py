@@ -47,11 +47,14 @@ def _run(cmd: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
 
 
 def _fresh_venv(path: Path) -> Path:
-    """A venv holding every package of this one (symlinked) except vllm_npu."""
+    """A venv holding every package of this one (symlinked) except vllm_npu; with make
+    install's torchvision hook (a .pth that imports the installed vllm_npu's shim: vLLM's
+    import reaches torchvision through transformers' image utilities)."""
     _run([sys.executable, "-m", "venv", "--without-pip", str(path)], cwd=path.parent)
     site = path / "lib" / VENV_SITE.parent.name / "site-packages"
     for entry in VENV_SITE.iterdir():
-        if "vllm_npu" in entry.name or (site / entry.name).exists():
+        if ("vllm_npu" in entry.name and entry.name != "vllm_npu_torchvision.pth") \
+                or (site / entry.name).exists():
             continue
         (site / entry.name).symlink_to(entry)
     return path / "bin" / "python"

@@ -429,6 +429,16 @@ def _sparse_mla(ops, dev, dtype, gen):
     return [picked.sort(dim=-1).values.float(), out]
 
 
+def _vision_unpad(ops, dev, dtype, gen):
+    """A ViT block's attention: an image's windows packed in one row, grouped heads."""
+    q = _randn(gen, 80, 8, 64, dtype=dtype, dev=dev)
+    k, v = (_randn(gen, 80, 4, 64, dtype=dtype, dev=dev) for _ in range(2))
+    out = torch.empty_like(q)
+    ops._npu_flash_attention_unpad(q, k, v, torch.tensor([16, 16, 16, 32], dtype=torch.int32),
+                                   0.125, 8, 4, out)
+    return [out]
+
+
 def _graph_round_trip(ops, dev, dtype, gen, backend):
     """Capture a paged-attention task at lengths A, update it to B, replay: equals eager B.
     The plugin's protocol (compilation/acl_graph.py): the replay waits on an ExternalEvent
@@ -491,6 +501,7 @@ CASES = [
     Case("npu_batch_memcpy", _batch_memcpy, atol=0.0),
     Case("_npu_reshape_and_cache_siso", _indexer_cache, atol=0.0),
     Case("npu_lightning_indexer+npu_sparse_flash_attention", _sparse_mla),
+    Case("_npu_flash_attention_unpad", _vision_unpad),
 ]
 GRAPH_CASE = "graph:paged_attention capture/update/replay"
 

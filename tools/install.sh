@@ -41,3 +41,24 @@ if ! "$VENV/bin/python" -c "import mooncake.engine" 2>/dev/null; then
 Mooncake transfer engine does not import (missing libibverbs.so.1? apt-get install \
 libibverbs1): prefill/decode disaggregation will not start" >&2
 fi
+
+# torchvision, which vLLM's vision-language models (and Qwen3.5) import. On an NPU host the
+# image's CPU torchvision from PyTorch's index imports as it is. Here the only wheels are
+# PyPI's, whose C++ extension links CUDA torch: installed without dependencies (torch stays
+# as it is), at the release that matches torch (2.M.P -> 0.(M+15).P), and where it then
+# fails to import, a .pth file defines the ops its import needs (vllm_npu/torchvision_shim.py).
+if ! "$VENV/bin/python" -c "import torchvision" 2>/dev/null; then
+  tv=$("$VENV/bin/python" -c "import torch; M, P = torch.__version__.split('+')[0].split('.')[1:3]; \
+print(f'0.{int(M) + 15}.{P}')")
+  $PIP install -q --no-deps "torchvision==$tv"
+  err=$("$VENV/bin/python" -c "import torchvision" 2>&1 || true)
+  if [[ "$err" == *"operator torchvision::nms does not exist"* ]]; then
+    site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    # (a no-op once vllm_npu is uninstalled)
+    echo 'import importlib.util as u; u.find_spec("vllm_npu") and __import__("vllm_npu.torchvision_shim").torchvision_shim.install()' \
+      > "$site/vllm_npu_torchvision.pth"
+  fi
+  "$VENV/bin/python" -c "import torchvision" || echo "install.sh: torchvision $tv does not \
+import beside torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'): \
+vision-language models will not load" >&2
+fi

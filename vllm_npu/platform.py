@@ -24,6 +24,7 @@ from vllm_npu.config import NPUConfig, set_npu_config
 from vllm_npu.device import log_backend, select_backend
 from vllm_npu.distributed.kv_transfer.config import adopt_kv_transfer_config
 from vllm_npu.registration import ATTENTION_BACKEND
+from vllm_npu.fork_safety import prepare_to_fork_workers
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -236,6 +237,8 @@ class NPUPlatform(Platform):
                 f"{cls.device_count()} NPUs on this node"
                 + (" (NPU_SIM_DEVICE_COUNT)" if SIMULATED else "")
                 + "; use --distributed-executor-backend ray for multi-node serving")
+        if world > 1 or parallel.data_parallel_size > 1:
+            prepare_to_fork_workers()  # what an earlier engine here left must not reach them
 
         if parallel.prefill_context_parallel_size > 1:
             cls._check_prefill_context_parallel(vllm_config)

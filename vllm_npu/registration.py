@@ -25,6 +25,7 @@ def register_all() -> None:
     import vllm_npu.layers.gated_delta_net  # noqa: F401
     import vllm_npu.layers.layernorm  # noqa: F401
     import vllm_npu.layers.mamba_mixer2  # noqa: F401
+    import vllm_npu.layers.mm_encoder_attention  # noqa: F401
     import vllm_npu.attention.mla_layer  # noqa: F401
     import vllm_npu.layers.rotary_embedding  # noqa: F401
     if select_backend().simulated:  # the simulated device's matmul (layers/linear.py)

@@ -95,6 +95,10 @@ ARCHS = {
                        "MoE with a gated shared expert", (FULL_AND_PIECEWISE,), "TP2+EP2",
                        note="chunked prefill and prefix caching carry the state: "
                             "test_hybrid_models", blocks=272),
+    "qwen3_5": Arch("Qwen3_5ForCausalLM", "qwen3_5",
+                    "Qwen3-Next's Gated DeltaNet / gated attention layers, dense MLP, "
+                    "interleaved MRoPE sections", (FULL_AND_PIECEWISE,),
+                    note="the text model; TP of these layers: qwen3_next", blocks=272),
     "llama": Arch("LlamaForCausalLM", "llama", FIA, (FULL_AND_PIECEWISE,),
                   note="every mode, TP/PP/DP, spec decode, LoRA: test_graph_modes, "
                        "test_parallel, test_offline_parity"),
@@ -108,11 +112,18 @@ ARCHS = {
                         (FULL_AND_PIECEWISE,), note="MLA modes, MoE, EPLB, DCP: test_mla_parity, "
                                                     "test_graph_modes, test_eplb_runtime"),
 }
+# Vision-language models (tests/e2e/test_vlm.py): images offline and over the OpenAI API,
+# eager and the default graph mode, HF tokens for the same processor and images.
+VLMS = {
+    "Qwen2_5_VLForConditionalGeneration": "windowed ViT (blocks of window attention and full "
+                                          "attention), 2x2 patch merging, MRoPE",
+    "LlavaForConditionalGeneration": "CLIP tower (class token, second-to-last layer), MLP "
+                                     "projector, Llama",
+}
 # Architectures vLLM 0.33 serves but the plugin does not yet, or vLLM cannot run without
 # CUDA or missing packages (measured: shared/notes/vllm-0.33-models-and-upstream-tests.md).
 NOT_SERVED = {
     "KimiLinearForCausalLM": "vLLM 0.33's model imports `cutlass` (CUDA only), with any platform",
-    "Qwen3_5ForCausalLM": "vLLM 0.33 imports its vision code, which needs torchvision",
 }
 
 
@@ -127,6 +138,9 @@ def models_table() -> str:
         parallel = f"{arch.parallel} (FULL_AND_PIECEWISE)" if arch.parallel else "-"
         rows.append(f"| `{arch.hf_class}` | {arch.attention} | {_modes(arch)} | {parallel} | "
                     f"{arch.note or '-'} |")
+    for name, what in VLMS.items():
+        rows.append(f"| `{name}` | {FIA}; vision encoder through `_npu_flash_attention_unpad`: "
+                    f"{what} | FULL_DECODE_ONLY, eager | - | images: test_vlm |")
     for name, why in NOT_SERVED.items():
         rows.append(f"| `{name}` | not served | - | - | {why} |")
     return "\n".join(rows)

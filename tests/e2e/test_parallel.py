@@ -3,6 +3,11 @@ executor, gloo device groups on 127.0.0.1): greedy tokens identical to one devic
 test_offline_parity shows equals HF transformers."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from tests.helpers.engine import generate, make_llm, shutdown, vocab
@@ -34,6 +39,39 @@ def test_tp_pp_match_single_device(tiny_models, parity_dtype, tp, pp):
         shutdown(llm)
     assert got == [hf_greedy(path, p, 16) for p in prompts]
     assert all(lib.endswith("libhccl_sim.so") for lib in libs)
+
+
+# A user's script, in a fresh interpreter (not this test process, whose gc is tuned in
+# conftest): an in-process MoE engine, then a TP=2 one whose workers vLLM forks (its default
+# off CUDA). The first engine's gloo group, left in a reference cycle, hung the forked workers
+# until the platform collected it in the parent before they start.
+_ONE_ENGINE_THEN_TP2 = """
+import json, sys
+from vllm import LLM, SamplingParams
+path, dtype, prompt = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+got = []
+for tp in (1, 2):
+    llm = LLM(path, dtype=dtype, max_model_len=256, tensor_parallel_size=tp)
+    got.append(list(llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids))
+    del llm
+print("TOKENS", json.dumps(got))
+"""
+
+
+def test_a_tp2_engine_after_an_in_process_engine_in_one_script(parity_dtype, tmp_path):
+    from vllm_npu.testing.tiny_model import build_tiny_model
+
+    path = build_tiny_model(str(tmp_path / "tiny-qwen3-moe"), arch="qwen3_moe")
+    prompt = random_prompt(7, 30, vocab(path))
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_WORKER_MULTIPROC_METHOD"}
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in the script's own process
+    run = subprocess.run([sys.executable, "-c", _ONE_ENGINE_THEN_TP2, path, parity_dtype,
+                          json.dumps(prompt)], capture_output=True, text=True, timeout=240,
+                         env=env)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("TOKENS ")]
+    assert run.returncode == 0 and lines, run.stderr[-3000:]
+    assert json.loads(lines[0][len("TOKENS "):]) == [hf_greedy(path, prompt, 8)] * 2
 
 
 def test_data_parallel_serving_matches_single_device(tiny_models, parity_dtype, tmp_path):

@@ -43,6 +43,7 @@ OP_NAMES = (
     "_npu_reshape_and_cache_siso",
     "npu_lightning_indexer",
     "npu_sparse_flash_attention",
+    "_npu_flash_attention_unpad",
 )
 
 if select_backend().simulated:

@@ -9,6 +9,7 @@ npu_rotary_mul = torch_npu.npu_rotary_mul
 npu_swiglu = torch_npu.npu_swiglu
 npu_clipped_swiglu = torch_npu.npu_clipped_swiglu
 npu_fused_infer_attention_score = torch_npu.npu_fused_infer_attention_score
+_npu_flash_attention_unpad = torch_npu._npu_flash_attention_unpad
 npu_attention_update = torch_npu.npu_attention_update
 npu_multi_head_latent_attention = torch_npu.atb.npu_multi_head_latent_attention
 npu_moe_gating_top_k = torch_npu.npu_moe_gating_top_k

@@ -115,6 +115,20 @@ def _qwen3_next(**ids):
         **_MOE, **ids)
 
 
+def _qwen3_5(**ids):
+    """Qwen3.5 (text): Qwen3-Next's Gated DeltaNet / gated attention layout with a dense MLP;
+    rotary on a quarter of each head with Qwen3.5's interleaved MRoPE sections (text-only
+    positions make them plain RoPE)."""
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(**dict(_GQA, num_hidden_layers=4), layer_types=[
+        "linear_attention", "full_attention"] * 2, linear_conv_kernel_dim=4,
+        linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
+        linear_num_value_heads=4, tie_word_embeddings=False,
+        rope_parameters=dict(_ROPE, partial_rotary_factor=0.25, mrope_section=[2, 1, 1],
+                             mrope_interleaved=True), **ids)
+
+
 def _deepseek_v32(**ids):
     """DeepSeek-V3.2: MLA whose keys a lightning indexer picks (top 16 per query, so
     prompts past 16 tokens attend sparsely); the sizes the NPU kernels take (latent 512,
@@ -191,6 +205,7 @@ ARCHS = {
     "granite_hybrid": (_granite_hybrid, ("router.layer.weight",) + _SSM_PARAMS, 4.0),
     "qwen3_next": (_qwen3_next, ("gate.weight", "shared_expert_gate.weight") + _SSM_PARAMS,
                    4.0),
+    "qwen3_5": (_qwen3_5, _SSM_PARAMS, 4.0),
     "minimax_m2": (_hf("MiniMaxM2Config", **_GQA, num_local_experts=8, num_experts_per_tok=2,
                        rope_parameters=dict(_ROPE, partial_rotary_factor=0.5),
                        scoring_func="sigmoid", use_routing_bias=True, rotary_dim=16),

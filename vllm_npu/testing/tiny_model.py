@@ -36,20 +36,29 @@ def _corpus(seed: int, lines: int = 2000) -> list[str]:
             for _ in range(lines)]
 
 
-def _train_tokenizer(path: str, vocab_size: int, seed: int):
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n"
+                 "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def _train_tokenizer(path: str, vocab_size: int, seed: int, specials: tuple[str, ...] = (),
+                     chat_template: str = CHAT_TEMPLATE):
+    """A byte-level BPE tokenizer; `specials` (a model family's control tokens) are whole
+    tokens, and pad with EOS."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size,
+                                  special_tokens=["<s>", "</s>", *specials],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(_corpus(seed), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-    fast.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n"
-                          "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+    extra = dict(pad_token="</s>", additional_special_tokens=list(specials)) if specials else {}
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   **extra)
+    fast.chat_template = chat_template
     fast.save_pretrained(path)
     return fast
 
@@ -112,14 +121,15 @@ def build_tiny_model(path: str, arch: str = "llama", seed: int = 0, vocab_size: 
 
 def save_random_model(path: str, config, tok, seed: int, weight_scale: float,
                       router_params: tuple[str, ...] = _ROUTER_PARAMS,
-                      hot_experts: tuple[int, ...] = ()) -> None:
-    """Random float32 weights for `config`, scaled by `weight_scale` except norms and
-    `router_params`, saved with `tok`'s ids as the generation config."""
+                      hot_experts: tuple[int, ...] = (), model_cls=None) -> None:
+    """Random float32 weights for `config` (a `model_cls`, AutoModelForCausalLM by default),
+    scaled by `weight_scale` except norms and `router_params`, saved with `tok`'s ids as the
+    generation config."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = (model_cls or AutoModelForCausalLM).from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(router_params) and not p.any():

@@ -20,6 +20,7 @@ from vllm_npu.ops.sim import (
     rotary,
     sparse_attention,
     state_copy,
+    vision_attention,
 )
 from vllm_npu.ops.sim.graph import graph_op
 from vllm_npu.ops.sim.opaque import opaque
@@ -91,3 +92,6 @@ npu_batch_memcpy = state_copy.npu_batch_memcpy  # host-driven copies: not a grap
 _npu_reshape_and_cache_siso = graph_op(cache._npu_reshape_and_cache_siso)
 npu_lightning_indexer = graph_op(sparse_attention.npu_lightning_indexer)
 npu_sparse_flash_attention = graph_op(sparse_attention.npu_sparse_flash_attention)
+# Vision encoders' attention (no KV cache): its lengths are a host int32 tensor.
+_npu_flash_attention_unpad = graph_op(vision_attention._npu_flash_attention_unpad,
+                                      host_args=("seq_len",))
