@@ -69,7 +69,7 @@ LLAVA_CHAT_TEMPLATE = (
     "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
     "{% for c in m['content'] %}{% if c['type'] == 'image' or c['type'] == 'image_url' %}"
     "<image>\n{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}"
-    "{% endif %}\n{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}")
+    "{% endif %}{{ '\\n' }}{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}")
 
 
 def _llava(path: str, vocab_size: int, seed: int):
