@@ -83,7 +83,7 @@ CASES = [(("wide",), TEXT), (("square",), TEXT), (("small", "wide"), TEXT), ((),
 REPEAT = {"qwen2_5_vl": (("large",), TEXT), "llava": (("small", "wide"), TEXT)}
 
 
-@pytest.mark.parametrize("mode", ["eager", "default"])
+@pytest.mark.parametrize("mode", ["eager", "default", "FULL_AND_PIECEWISE"])
 def test_images_through_generate_give_hf_tokens(vlm, parity_dtype, mode, mocker):
     from vllm import LLM, SamplingParams
 
@@ -92,8 +92,9 @@ def test_images_through_generate_give_hf_tokens(vlm, parity_dtype, mode, mocker)
     unpad = mocker.spy(ops, "_npu_flash_attention_unpad")
 
     # eager: 64-token steps, so the images' placeholders span prefill chunks, which read the
-    # encoder's output from vLLM's encoder cache after the first; default: vLLM's steps
-    kwargs = {"enforce_eager": True, "max_num_batched_tokens": 64} if mode == "eager" else {}
+    # encoder's output from vLLM's encoder cache after the first; graphs: vLLM's steps
+    kwargs = {"enforce_eager": True, "max_num_batched_tokens": 64} if mode == "eager" else \
+        {} if mode == "default" else {"compilation_config": {"cudagraph_mode": mode}}
     llm = LLM(vlm, dtype=parity_dtype, max_model_len=1024, seed=0, num_gpu_blocks_override=64,
               limit_mm_per_prompt={"image": 2}, **kwargs)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
