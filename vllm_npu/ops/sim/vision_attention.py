@@ -9,7 +9,7 @@ Every token attends to every token of its own sequence (no mask: a vision encode
 attention is bidirectional); grouped heads share their K/V head. What the simulator holds
 to, and where it is from:
 - seq_len is a host (CPU) int32 tensor of lengths: torch_npu's own test of the op
-  (test/test_network_ops/test_flash_attention_unpad.py, Ascend910B) passes
+  (`test_flash_attention_unpad`, run on Ascend910B only; file path not recorded) passes
   `seq_len.cpu()`; vllm-ascend's MMEncoderAttention computes `torch.diff(cu_seqlens)` and
   moves it to the CPU before each call (its notes: the op crashes on a device tensor).
 - `out` is allocated by the caller with the query's shape (both callers use
