@@ -71,6 +71,23 @@ def _hf_configs_as_transformers_defines_them():
         restore()
 
 
+_START_METHOD = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")  # as pytest was started
+
+
+@pytest.fixture(autouse=True)
+def _worker_start_method_per_test():
+    """This process initialises the (simulated) NPU in its first in-process engine; from
+    then on the platform makes vLLM spawn the processes an engine here starts, as it must
+    on a device (vllm_npu/fork_safety.py), by setting VLLM_WORKER_MULTIPROC_METHOD. That
+    holds within the test; later tests start from the method pytest was started with
+    (their servers are fresh processes)."""
+    yield
+    if _START_METHOD is None:
+        os.environ.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
+    else:
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = _START_METHOD
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _freeze_what_survives_each_module():
     yield

@@ -1,17 +1,25 @@
-"""Before vLLM's multiprocessing executor forks its workers from this process.
+"""Before vLLM starts an engine core or workers from this process: fork or spawn.
 
-vLLM forks TP/PP/DP workers unless told to spawn (its default where no CUDA is initialised,
-as on the simulated NPU): a child starts with this process's heap and libraries' state but
-only the forking thread. Two things an earlier engine in the same process leaves behind
-broke forked workers (both seen: a script or test running an in-process engine, then a
-TP=2 one):
-- a gloo process group in a reference cycle: the child's first gc.collect() finalised it,
-  joining threads only this process has, and the worker hung in load_model. Collected here.
+vLLM forks its engine core and TP/PP/DP workers unless told to spawn; it forces spawn
+itself only for CUDA / XPU initialised in the parent (vllm/utils/system_utils.py
+`_maybe_force_spawn`), a check that does not know the NPU. The rules here, applied from
+the platform's check_and_update_config (before any process starts):
+- the NPU initialised in this process (an engine ran here before, in-process): a forked
+  child cannot use it. torch_npu's `_lazy_init` raises "Cannot re-initialize NPU in
+  forked subprocess. To use NPU with multiprocessing, you must use the 'spawn' start
+  method" in a child forked after initialisation (torch_npu/npu/__init__.py: `_after_fork`
+  marks the child, as torch.cuda does); vllm-ascend users meet it as #3133 (TP on 910C,
+  worker processes) and vLLM-Omni's EngineCore. So workers spawn, as vLLM does for CUDA.
+  The simulated NPU keeps the same rule (`claim_simulated_npu`, called where a worker
+  would set its device): a worker forked from a process that initialised it raises
+  torch_npu's error.
 - numba's GNU OpenMP thread pool (vLLM's n-gram proposer runs numba parallel loops): a
-  child that uses it prints "Terminating: fork() called from a process already using GNU
-  OpenMP, this is unsafe." and exits 0, which the executor reports as a dead worker. Then
-  workers spawn, as vLLM itself decides when CUDA is initialised
-  (vllm/utils/system_utils.py `_maybe_force_spawn`).
+  forked child that uses it prints "Terminating: fork() called from a process already
+  using GNU OpenMP, this is unsafe." and exits 0, which the executor reports as a dead
+  worker. Workers spawn.
+- a gloo process group of an earlier engine left in a reference cycle: a forked child's
+  first gc.collect() finalised it, joining threads only the parent has, and the worker
+  hung. Collected here before any fork.
 """
 from __future__ import annotations
 
@@ -21,6 +29,27 @@ import os
 import sys
 
 logger = logging.getLogger("vllm.npu")
+
+BAD_FORK = ("Cannot re-initialize NPU in forked subprocess. To use NPU with "
+            "multiprocessing, you must use the 'spawn' start method")
+
+_simulated_npu_pid: int | None = None  # the process that initialised the simulated NPU
+
+
+def claim_simulated_npu() -> None:
+    """The simulated NPU's runtime initialisation (torch.npu.set_device's on a device)."""
+    global _simulated_npu_pid
+    if _simulated_npu_pid not in (None, os.getpid()):
+        raise RuntimeError(BAD_FORK)
+    _simulated_npu_pid = os.getpid()
+
+
+def npu_initialized_here(simulated: bool) -> bool:
+    if simulated:
+        return _simulated_npu_pid == os.getpid()
+    torch = sys.modules.get("torch")
+    npu = getattr(torch, "npu", None)
+    return bool(npu is not None and npu.is_initialized())
 
 
 def numba_openmp_in_use() -> bool:
@@ -33,10 +62,21 @@ def numba_openmp_in_use() -> bool:
         return False
 
 
-def prepare_to_fork_workers() -> None:
+def prepare_to_fork_workers(simulated: bool, starts_processes: bool) -> None:
+    """`starts_processes`: vLLM will start an engine core or workers from this process."""
+    if not starts_processes:
+        return
     gc.collect()
-    if os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "fork") != "spawn" \
-            and numba_openmp_in_use():
-        logger.warning("vllm_npu: numba's GNU OpenMP pool runs in this process (an earlier "
-                       "n-gram engine); forked workers would exit: workers spawn instead")
+    if os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "fork") == "spawn":
+        return
+    reasons = []
+    if npu_initialized_here(simulated):
+        reasons.append("the NPU is initialised in this process (an earlier engine ran "
+                       "here): a forked child cannot use it")
+    if numba_openmp_in_use():
+        reasons.append("numba's GNU OpenMP pool runs in this process (an earlier n-gram "
+                       "engine): forked children using it exit")
+    if reasons:
+        logger.warning("vllm_npu: workers spawn instead of forking (as vLLM does once CUDA "
+                       "is initialised): %s", "; ".join(reasons))
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"

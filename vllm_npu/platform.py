@@ -17,6 +17,7 @@ import os
 from typing import TYPE_CHECKING
 
 import torch
+import vllm.envs as vllm_envs
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from vllm_npu import envs
@@ -39,6 +40,14 @@ logger = logging.getLogger("vllm.npu")
 os.environ.setdefault("VLLM_USE_BREAKABLE_CUDAGRAPH", "0")
 _BACKEND = select_backend()
 SIMULATED = _BACKEND.simulated
+if SIMULATED:
+    # The simulated NPU compiles with the "eager" backend (check_and_update_config), which
+    # vLLM never AOT-compiles ("Detected eager backend, disabling AOT compile",
+    # vllm/compilation/decorators.py). With VLLM_USE_AOT_COMPILE on (vLLM's default from
+    # torch 2.10) every later call of the compiled model still hashed the whole config and
+    # looked for an artifact on disk: 2-8 ms per forward outside full graphs (prefills,
+    # each piecewise capture). An explicit user setting still wins.
+    os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
 GiB = 1 << 30
 PAGED_BLOCK_SIZES = (128, 256, 384, 512)  # what the fused attention op's page attention takes
 SPECULATIVE_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
@@ -237,8 +246,9 @@ class NPUPlatform(Platform):
                 f"{cls.device_count()} NPUs on this node"
                 + (" (NPU_SIM_DEVICE_COUNT)" if SIMULATED else "")
                 + "; use --distributed-executor-backend ray for multi-node serving")
-        if world > 1 or parallel.data_parallel_size > 1:
-            prepare_to_fork_workers()  # what an earlier engine here left must not reach them
+        # what an earlier engine here left must not reach the processes vLLM starts
+        prepare_to_fork_workers(SIMULATED, world > 1 or parallel.data_parallel_size > 1
+                                or vllm_envs.VLLM_ENABLE_V1_MULTIPROCESSING)
 
         if parallel.prefill_context_parallel_size > 1:
             cls._check_prefill_context_parallel(vllm_config)

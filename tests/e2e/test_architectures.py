@@ -13,10 +13,10 @@ import os
 import pytest
 
 from tests.e2e.architectures import ARCHS, models_table
-from tests.helpers.engine import generate, shutdown, vocab
+from tests.helpers.engine import vocab
+from tests.helpers.engine_host import generate_once
 from tests.helpers.reference import hf_greedy, random_prompt
 
-pytestmark = pytest.mark.usefixtures("spawn_workers")
 MAX_TOKENS = 12
 README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
 
@@ -58,22 +58,19 @@ def _cases():
 
 
 @pytest.mark.parametrize("name,mode,tp", list(_cases()))
-def test_architecture_gives_hf_tokens(arch_root, parity_dtype, name, mode, tp):
-    from vllm import LLM
-
+def test_architecture_gives_hf_tokens(arch_root, parity_dtype, engine_host, name, mode, tp):
     arch = ARCHS[name]
     path = _build(str(arch_root), name)
     want = _reference(path, name)
-    kwargs = {"compilation_config": {"cudagraph_mode": mode}}
-    if tp > 1:
-        kwargs.update(tensor_parallel_size=tp, distributed_executor_backend="mp",
-                      enable_expert_parallel=arch.moe)
-    llm = LLM(path, dtype=parity_dtype, max_model_len=512, seed=0,
-              num_gpu_blocks_override=arch.blocks, **kwargs)
-    try:
-        got = generate(llm, _prompts(name, path), MAX_TOKENS)
-    finally:
-        shutdown(llm)
+    kwargs = dict(dtype=parity_dtype, max_model_len=512, seed=0,
+                  num_gpu_blocks_override=arch.blocks,
+                  compilation_config={"cudagraph_mode": mode})
+    if tp > 1:  # workers fork from the engine host (tests/helpers/engine_host.py)
+        got = engine_host.generate(path, _prompts(name, path), MAX_TOKENS,
+                                   tensor_parallel_size=tp, distributed_executor_backend="mp",
+                                   enable_expert_parallel=arch.moe, **kwargs)
+    else:
+        got = generate_once(path, _prompts(name, path), MAX_TOKENS, **kwargs)
     assert got == want
 
 

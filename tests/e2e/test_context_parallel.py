@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.engine import generate, make_llm, metric, shutdown, vocab
+from tests.helpers.engine_host import generate_with_make_llm
 from tests.helpers.reference import hf_greedy, random_prompt
 
 # Workers spawn: the in-process MoE engines of earlier modules (test_device_dtype_parity) leave a
@@ -90,14 +91,9 @@ def _stats(worker) -> dict:
         "cudagraph_mode": worker.model_runner.compilation_config.cudagraph_mode.name}
 
 
-def _run_workload(path: str, dtype: str, seed: int, **engine_args):
-    """Prompts of 5, 130 and 300 tokens x 16 (chunked 64 at a time, across the 256-token
-    virtual block), then a prompt sharing 260 tokens of the last one x 8; asserts tokens
-    equal HF and a 256-token prefix-cache hit. Returns (positions computed per request,
-    each worker's stats)."""
-    v = vocab(path)
-    prompts = [random_prompt(seed + i, n, v) for i, n in enumerate((5, 130, 300))]
-    shared = prompts[2][:260] + random_prompt(seed + 9, 20, v)
+def _workload_engine(path: str, dtype: str, prompts, shared, **engine_args):
+    """In the engine host: tokens for `prompts` (16 each), then `shared` (8), the prefix
+    cache hits of the second step and each worker's stats."""
     llm = make_llm(path, dtype, distributed_executor_backend="mp", enable_sleep_mode=False,
                    **engine_args)
     try:
@@ -106,9 +102,21 @@ def _run_workload(path: str, dtype: str, seed: int, **engine_args):
         hits_before = metric(llm, "vllm:prefix_cache_hits")
         got_shared = generate(llm, [shared], 8)
         hits = metric(llm, "vllm:prefix_cache_hits") - hits_before
-        stats = llm.collective_rpc(_stats)
+        return got, got_shared, hits, llm.collective_rpc(_stats)
     finally:
         shutdown(llm)
+
+
+def _run_workload(host, path: str, dtype: str, seed: int, **engine_args):
+    """Prompts of 5, 130 and 300 tokens x 16 (chunked 64 at a time, across the 256-token
+    virtual block), then a prompt sharing 260 tokens of the last one x 8; asserts tokens
+    equal HF and a 256-token prefix-cache hit. Returns (positions computed per request,
+    each worker's stats)."""
+    v = vocab(path)
+    prompts = [random_prompt(seed + i, n, v) for i, n in enumerate((5, 130, 300))]
+    shared = prompts[2][:260] + random_prompt(seed + 9, 20, v)
+    got, got_shared, hits, stats = host.run(_workload_engine, path, dtype, prompts, shared,
+                                            **engine_args)
     assert got == [hf_greedy(path, p, 16) for p in prompts]
     assert got_shared == [hf_greedy(path, shared, 8)]
     assert hits == 2 * BLOCK  # one 256-token block of the scheduler
@@ -118,11 +126,11 @@ def _run_workload(path: str, dtype: str, seed: int, **engine_args):
 
 @pytest.mark.parametrize("model,interleave", [
     ("llama-mqa", 1), ("llama-mqa", BLOCK), ("mla-small", 1), ("mla-dsv3", BLOCK)])
-def test_dcp2_on_tp2_matches_hf(models, parity_dtype, model, interleave):
+def test_dcp2_on_tp2_matches_hf(models, parity_dtype, engine_host, model, interleave):
     """Later chunks read their context from both ranks' shards; the prefix-cache hit is a
     256-token virtual block, 128 tokens on each rank."""
-    computed, stats = _run_workload(models(model), parity_dtype, 70, tensor_parallel_size=2,
-                                    decode_context_parallel_size=2,
+    computed, stats = _run_workload(engine_host, models(model), parity_dtype, 70,
+                                    tensor_parallel_size=2, decode_context_parallel_size=2,
                                     cp_kv_cache_interleave_size=interleave)
     # Each rank stored exactly the computed positions p with (p // I) % 2 == rank, once
     # per layer (2 layers): the cache is sharded, nothing is stored twice.
@@ -161,18 +169,14 @@ def test_dcp_needs_more_tp_ranks_than_kv_heads(tiny_models):
                  decode_context_parallel_size=2, distributed_executor_backend="mp")
 
 
-def test_dcp2_on_tp4_matches_hf(tiny_models, parity_dtype):
+def test_dcp2_on_tp4_matches_hf(tiny_models, parity_dtype, engine_host):
     """DCP narrower than TP: ranks {0,1} and {2,3} form two DCP groups, each replicating
     one of the model's two KV heads and sharding its cache by position."""
     path = tiny_models["llama"]  # 4 query heads / 2 KV heads: one query head per rank
     prompts = [random_prompt(80 + i, n, vocab(path)) for i, n in enumerate((40, 270))]
-    llm = make_llm(path, parity_dtype, tensor_parallel_size=4,
-                   decode_context_parallel_size=2, distributed_executor_backend="mp",
-                   enable_sleep_mode=False)
-    try:
-        got = generate(llm, prompts, 12)
-    finally:
-        shutdown(llm)
+    got = engine_host.run(generate_with_make_llm, path, parity_dtype, prompts, 12,
+                          tensor_parallel_size=4, decode_context_parallel_size=2,
+                          distributed_executor_backend="mp", enable_sleep_mode=False)
     assert got == [hf_greedy(path, p, 12) for p in prompts]
 
 
@@ -198,7 +202,22 @@ def _skip_graph_updates(worker) -> None:
     _fresh_slots(worker)
 
 
-def test_dcp_decode_graphs_need_the_update_hook(models, parity_dtype):
+def _replay_without_the_update_hook(path: str, dtype: str, prompts) -> str | None:
+    """In the engine host: the error generate raised (None if it did not)."""
+    llm = make_llm(path, dtype, tensor_parallel_size=2, decode_context_parallel_size=2,
+                   distributed_executor_backend="mp", enable_sleep_mode=False,
+                   async_scheduling=False)
+    try:
+        llm.collective_rpc(_skip_graph_updates)
+        generate(llm, prompts, 12)
+    except RuntimeError as e:
+        return str(e)
+    finally:
+        shutdown(llm)
+    return None
+
+
+def test_dcp_decode_graphs_need_the_update_hook(models, parity_dtype, engine_host):
     """Replaying DCP decode graphs without the hook (skipped in the workers) would run the
     capture's tasks, whose slot mapping (made fresh each step here) was freed after the
     capture: the workers refuse
@@ -208,16 +227,9 @@ def test_dcp_decode_graphs_need_the_update_hook(models, parity_dtype):
     worker's error (the worker still logs the refusal)."""
     path = models("llama-mqa")
     prompts = [random_prompt(90 + i, n, vocab(path)) for i, n in enumerate((30, 200))]
-    llm = make_llm(path, parity_dtype, tensor_parallel_size=2,
-                   decode_context_parallel_size=2, distributed_executor_backend="mp",
-                   enable_sleep_mode=False, async_scheduling=False)
-    try:
-        llm.collective_rpc(_skip_graph_updates)
-        with pytest.raises(RuntimeError, match="task _npu_reshape_and_cache points at a "
-                                               "freed torch.int32 tensor"):
-            generate(llm, prompts, 12)
-    finally:
-        shutdown(llm)
+    error = engine_host.run(_replay_without_the_update_hook, path, parity_dtype, prompts)
+    assert error is not None and "task _npu_reshape_and_cache points at a freed " \
+        "torch.int32 tensor" in error, error
 
 
 # ------------------------------------------------------------- prefill context parallel
@@ -225,14 +237,14 @@ def test_dcp_decode_graphs_need_the_update_hook(models, parity_dtype):
 
 @pytest.mark.parametrize("model,tp", [("llama", 1), ("llama", 2), ("mla-small", 1),
                                       ("mla-dsv3", 2)])
-def test_pcp2_matches_hf(tiny_models, models, parity_dtype, model, tp):
+def test_pcp2_matches_hf(tiny_models, models, parity_dtype, engine_host, model, tp):
     """--prefill-context-parallel-size 2: each PCP rank runs the model on its chunk of
     every batch's tokens; every rank stored every token (the cache is replicated) and, on
     the paged backend, attended about half of the query rows. MLA: vLLM's MLA layer
     gathers the chunks' latents, the backend attends the rank's pieces."""
     path = tiny_models["llama"] if model == "llama" else models(model)
-    computed, stats = _run_workload(path, parity_dtype, 110, tensor_parallel_size=tp,
-                                    prefill_context_parallel_size=2)
+    computed, stats = _run_workload(engine_host, path, parity_dtype, 110,
+                                    tensor_parallel_size=tp, prefill_context_parallel_size=2)
     total = sum(len(r) for r in computed)
     assert len(stats) == 2 * tp
     for s in stats:

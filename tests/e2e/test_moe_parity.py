@@ -53,8 +53,9 @@ def _worker_moe_state(worker) -> dict:
             "replicas": [m.replicas.tolist() for m in methods]}
 
 
-def _run_tp2(path: str, dtype: str, prompts, **kwargs):
-    """Greedy tokens and every worker's MoE state from a TP=2 engine (mp executor)."""
+def _tp2_tokens_and_state(path: str, dtype: str, prompts, **kwargs):
+    """Greedy tokens and every worker's MoE state from a TP=2 engine (mp executor); run in
+    the engine host (tests/helpers/engine_host.py)."""
     llm = make_llm(path, dtype, tensor_parallel_size=2, **MP, **kwargs)
     try:
         return generate(llm, prompts, 12), llm.collective_rpc(_worker_moe_state)
@@ -80,10 +81,11 @@ def test_single_npu_matches_hf(moe_models, parity_dtype, model, graphs):
 
 @pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("ep", [False, True], ids=["tp2", "tp2-ep"])
-def test_tp2_matches_hf(moe_models, parity_dtype, model, ep):
+def test_tp2_matches_hf(moe_models, parity_dtype, engine_host, model, ep):
     path = moe_models[model]
     prompts = _prompts(path)
-    got, state = _run_tp2(path, parity_dtype, prompts, enable_expert_parallel=ep)
+    got, state = engine_host.run(_tp2_tokens_and_state, path, parity_dtype, prompts,
+                                 enable_expert_parallel=ep)
     assert got == _expected(path, prompts)
     if ep:  # each rank holds half the experts; prefills went all-to-all, decodes all-gather
         assert [s["local"][0] for s in state] == [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -122,14 +124,16 @@ def _map_with_replicas(path: str, tmp_path) -> str:
     return str(out)
 
 
-def test_expert_map_with_replicas_keeps_tokens(moe_models, parity_dtype, tmp_path):
+def test_expert_map_with_replicas_keeps_tokens(moe_models, parity_dtype, engine_host,
+                                               tmp_path):
     path = moe_models["qwen3_moe"]
     prompts = _prompts(path)
     map_path = _map_with_replicas(path, tmp_path)
     exported = tmp_path / "exported.json"
-    got, state = _run_tp2(path, parity_dtype, prompts, enable_expert_parallel=True,
-                          additional_config={"moe": {"expert_map_path": map_path,
-                                                     "export_expert_map_path": str(exported)}})
+    got, state = engine_host.run(
+        _tp2_tokens_and_state, path, parity_dtype, prompts, enable_expert_parallel=True,
+        additional_config={"moe": {"expert_map_path": map_path,
+                                   "export_expert_map_path": str(exported)}})
     assert got == _expected(path, prompts)
     assert [s["local"][0] for s in state] == [[0, 1, 2, 3, 5, 7], [4, 5, 6, 7, 0, 2]]
     assert state[0]["replicas"][0] == [2, 1, 2, 1, 1, 2, 1, 2]

@@ -14,10 +14,6 @@ from tests.helpers.engine import generate, make_llm, shutdown, vocab
 from tests.helpers.reference import hf_greedy, random_prompt
 from tests.helpers.server import complete, serve
 
-# TP workers start after in-process MoE engines (test_moe_parity, test_defaults): spawn
-pytestmark = pytest.mark.usefixtures("spawn_workers")
-
-
 def _hccl_library_of_model_parallel_groups(worker) -> str:
     from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 
@@ -25,26 +21,33 @@ def _hccl_library_of_model_parallel_groups(worker) -> str:
     return group.device_communicator.hccl.lib.path
 
 
-@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
-def test_tp_pp_match_single_device(tiny_models, parity_dtype, tp, pp):
-    path = tiny_models["llama"]  # 4 heads / 2 kv heads / 2 layers: splits evenly in 2
-    prompts = [random_prompt(40 + i, 20 + 50 * i, vocab(path)) for i in range(3)]
-    llm = make_llm(path, parity_dtype, tensor_parallel_size=tp, pipeline_parallel_size=pp,
+def _tokens_and_hccl_libraries(path: str, dtype: str, prompts, tp: int, pp: int):
+    """In the engine host: 16 greedy tokens per prompt and each worker's HCCL library."""
+    llm = make_llm(path, dtype, tensor_parallel_size=tp, pipeline_parallel_size=pp,
                    distributed_executor_backend="mp", enable_sleep_mode=False)
     try:
-        got = generate(llm, prompts, 16)
-        # The collectives really went through the HCCL binding (the CPU HCCL simulator).
-        libs = llm.collective_rpc(_hccl_library_of_model_parallel_groups)
+        return generate(llm, prompts, 16), \
+            llm.collective_rpc(_hccl_library_of_model_parallel_groups)
     finally:
         shutdown(llm)
+
+
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+def test_tp_pp_match_single_device(tiny_models, parity_dtype, engine_host, tp, pp):
+    path = tiny_models["llama"]  # 4 heads / 2 kv heads / 2 layers: splits evenly in 2
+    prompts = [random_prompt(40 + i, 20 + 50 * i, vocab(path)) for i in range(3)]
+    got, libs = engine_host.run(_tokens_and_hccl_libraries, path, parity_dtype, prompts,
+                                tp, pp)
     assert got == [hf_greedy(path, p, 16) for p in prompts]
+    # The collectives really went through the HCCL binding (the CPU HCCL simulator).
     assert all(lib.endswith("libhccl_sim.so") for lib in libs)
 
 
 # A user's script, in a fresh interpreter (not this test process, whose gc is tuned in
-# conftest): an in-process MoE engine, then a TP=2 one whose workers vLLM forks (its default
-# off CUDA). The first engine's gloo group, left in a reference cycle, hung the forked workers
-# until the platform collected it in the parent before they start.
+# conftest): an in-process MoE engine, then a TP=2 one. vLLM would fork the workers (its
+# default off CUDA); a device refuses a child forked after the NPU was initialised, and the
+# first engine's gloo group, left in a reference cycle, hung forked workers. The platform
+# spawns them (vllm_npu/fork_safety.py).
 _ONE_ENGINE_THEN_TP2 = """
 import json, sys
 from vllm import LLM, SamplingParams
@@ -72,6 +75,8 @@ def test_a_tp2_engine_after_an_in_process_engine_in_one_script(parity_dtype, tmp
     lines = [line for line in run.stdout.splitlines() if line.startswith("TOKENS ")]
     assert run.returncode == 0 and lines, run.stderr[-3000:]
     assert json.loads(lines[0][len("TOKENS "):]) == [hf_greedy(path, prompt, 8)] * 2
+    # the first engine initialised the NPU in this process: the TP=2 workers spawned
+    assert "workers spawn instead of forking" in run.stdout, run.stdout[-3000:]  # vLLM logs there
 
 
 def test_data_parallel_serving_matches_single_device(tiny_models, parity_dtype, tmp_path):

@@ -269,23 +269,21 @@ def test_router_restarted_while_serving(pd):
     body = {"model": path, "prompt": prompt, "max_tokens": LONG, "temperature": 0,
             "ignore_eos": True, "stream": True}
     errors: list[BaseException] = []
+    started = [threading.Event() for _ in range(3)]
 
-    def stream() -> None:
+    def stream(i: int) -> None:
         try:
             with httpx.stream("POST", f"{c.url}/v1/completions", json=body,
                               timeout=60) as reply:
                 for _ in reply.iter_lines():
-                    pass
+                    started[i].set()  # decoding: the stream runs for seconds more
         except httpx.HTTPError as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=stream) for _ in range(3)]
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
-    deadline = time.time() + 60
-    while sum(busy(d.url)[1] for d in c.decodes) < 3:
-        assert time.time() < deadline, "the streams never ran"
-        time.sleep(0.1)
+    assert all(e.wait(60) for e in started), "the streams never ran"
     c.kill(c.router)
     for t in threads:
         t.join(timeout=60)
@@ -341,8 +339,13 @@ def test_decode_killed_mid_stream(pd):
     for i in finished:
         assert len(seen[i]) == length and seen[i][:48] == hf_greedy(path, prompts[i], 48)
     wait_idle([c.prefills[0].url, live.url], timeout_s=ABORT_S + 30)
-    assert requests.get(f"{c.url}/health", timeout=30).json()["decode"] == {
-        dead.url: "down", live.url: "up"}
+    # the router's health loop (every 2 s, each round as slow as its slowest answer, 10 s
+    # at most) marks the dead instance down at its first refused connection
+    want, deadline = {dead.url: "down", live.url: "up"}, time.time() + 30
+    while (state := requests.get(f"{c.url}/health", timeout=30).json()["decode"]) != want \
+            and time.time() < deadline:
+        time.sleep(0.5)
+    assert state == want
     for p in prompts[:3]:
         assert greedy(client(c), path, p).choices[0].token_ids == hf_greedy(path, p, TOKENS)
     wait_idle(instances(c))

@@ -1,33 +1,29 @@
 """Int8 checkpoints with tensor parallelism (TP=2, vLLM's multiprocessing executor): the
 fake-quant reference runs the row-parallel layers (o_proj, down_proj) as the two ranks do
 (each quantises its half of the input features, dynamic schemes with their own per-token
-scales; partial outputs summed). Its own module: no in-process engine may be alive while
-the TP workers start."""
+scales; partial outputs summed). The engines run in the engine host (tests/helpers/engine_host.py)."""
 from __future__ import annotations
 
 import pytest
 
 from tests.helpers.engine import generate, make_llm, shutdown, vocab
+from tests.helpers.engine_host import generate_with_make_llm
 from tests.helpers.reference import random_prompt
 from tests.helpers.reference_quant import fake_quant_greedy, teacher_forced_mismatches
 
-pytestmark = pytest.mark.usefixtures("spawn_workers")
 
 
 @pytest.mark.parametrize("scheme,fmt", [("W8A8", "modelslim"), ("W8A8_DYNAMIC", "modelslim"),
                                         ("W8A8_DYNAMIC", "compressed-tensors")])
 def test_tp2_matches_the_sharded_fake_quant_reference(tiny_models, float32_only, tmp_path,
-                                                     scheme, fmt):
+                                                     engine_host, scheme, fmt):
     from vllm_npu.testing.quantize_w8a8 import quantize_checkpoint
 
     path = quantize_checkpoint(tiny_models["llama"], str(tmp_path / "q"), scheme, fmt=fmt)
     prompts = [random_prompt(600 + i, n, vocab(path)) for i, n in enumerate((9, 70))]
-    llm = make_llm(path, float32_only, tensor_parallel_size=2,
-                   distributed_executor_backend="mp", enable_sleep_mode=False)
-    try:
-        got = generate(llm, prompts, 16)
-    finally:
-        shutdown(llm)
+    got = engine_host.run(generate_with_make_llm, path, float32_only, prompts, 16,
+                          tensor_parallel_size=2, distributed_executor_backend="mp",
+                          enable_sleep_mode=False)
     for prompt, tokens in zip(prompts, got):
         if tokens != fake_quant_greedy(path, prompt, 16, tp=2):
             wrong, ties = teacher_forced_mismatches(path, prompt, tokens, tp=2)
@@ -72,9 +68,19 @@ def _worker_int8_slots(worker) -> dict:
             "moved": sum(r.experts_moved for r in updator.history) if updator else 0}
 
 
+def _tokens_and_int8_slots(path: str, dtype: str, prompts, **extra):
+    """In the engine host: 24 greedy tokens per prompt and each worker's int8 slots."""
+    llm = make_llm(path, dtype, tensor_parallel_size=2, distributed_executor_backend="mp",
+                   enable_sleep_mode=False, **extra)
+    try:
+        return generate(llm, prompts, 24), llm.collective_rpc(_worker_int8_slots)
+    finally:
+        shutdown(llm)
+
+
 @pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp2", "tp2-ep-eplb"])
 def test_quantised_moe_tp2_matches_the_fake_quant_reference(tmp_path, float32_only,
-                                                            expert_parallel):
+                                                            engine_host, expert_parallel):
     """Qwen3-MoE W8A8_DYNAMIC with its experts split over TP (each rank quantises its half
     of the expert activation); DeepSeek-V3 W8A8 (static attention, dynamic experts) with
     EP and EPLB moving int8 experts and their scales between the ranks while serving."""
@@ -93,13 +99,8 @@ def test_quantised_moe_tp2_matches_the_fake_quant_reference(tmp_path, float32_on
             "W8A8_DYNAMIC", {}
     path = quantize_checkpoint(src, str(tmp_path / "q"), scheme)
     prompts = [random_prompt(610 + i, n, vocab(path)) for i, n in enumerate((5, 90))]
-    llm = make_llm(path, float32_only, tensor_parallel_size=2,
-                   distributed_executor_backend="mp", enable_sleep_mode=False, **extra)
-    try:
-        got = generate(llm, prompts, 24)
-        states = llm.collective_rpc(_worker_int8_slots)
-    finally:
-        shutdown(llm)
+    got, states = engine_host.run(_tokens_and_int8_slots, path, float32_only, prompts,
+                                  **extra)
     expert_tp = not expert_parallel
     for prompt, tokens in zip(prompts, got):
         if tokens != fake_quant_greedy(path, prompt, 24, tp=2, expert_tp=expert_tp):

@@ -60,3 +60,37 @@ def test_the_simulated_device_heap_reuses_freed_memory():
     kept = [later_faults("keep") for _ in range(3)]
     assert max(default) > 4000, default
     assert max(kept) < 100, kept
+
+
+_EMPTY_CACHE = """
+import sys, torch
+torch.set_num_threads(1)
+from vllm_npu.ops.sim.memory import keep_freed_heap
+from vllm_npu.worker.accelerator import npu_runtime
+assert keep_freed_heap()
+def rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 >> 20
+base = rss_mib()
+blocks = [torch.ones(256, 1024) for _ in range(600)]  # 600 MiB of 1-MiB device tensors
+held = rss_mib()
+del blocks
+freed = rss_mib()
+with npu_runtime(simulated=True):
+    torch.accelerator.empty_cache()
+print(base, held, freed, rss_mib())
+"""
+
+
+def test_empty_cache_gives_the_kept_heap_back():
+    """What a caching allocator's empty_cache does: the simulated one returns the heap's
+    free pages (kept until then, as the test above needs) to the OS."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _EMPTY_CACHE], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    base, held, freed, emptied = map(int, run.stdout.split())
+    assert held - base >= 580 and freed - base >= 580, (base, held, freed)  # kept
+    assert emptied - base < 60, (base, held, freed, emptied)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import weakref
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -54,6 +55,7 @@ class GraphCaptureError(RuntimeError):
 class ACLGraphWrapper:
     stats: ClassVar[GraphStats] = GraphStats()
     _pool: ClassVar[Any] = None  # one graph memory pool shared by every wrapper
+    _live: ClassVar[weakref.WeakSet] = weakref.WeakSet()
 
     def __init__(self, runnable: Callable[..., Any], vllm_config: VllmConfig,
                  runtime_mode: CUDAGraphMode, cudagraph_options: Any = None) -> None:
@@ -70,6 +72,18 @@ class ACLGraphWrapper:
         # batches alike: a DP rank's dummy step replays too) with the graph's event, which
         # it records once the updates are issued.
         self.before_replay: Callable[[Any, Any], None] | None = None
+        ACLGraphWrapper._live.add(self)
+
+    @classmethod
+    def release_graphs(cls, vllm_config: VllmConfig) -> int:
+        """Drop the graphs of every wrapper of this engine (at its shutdown: the runner's
+        `shutdown` says why). Returns how many."""
+        dropped = 0
+        for wrapper in list(cls._live):
+            if wrapper.vllm_config is vllm_config:
+                dropped += len(wrapper.entries)
+                wrapper.clear_graphs()
+        return dropped
 
     def __getattr__(self, key: str) -> Any:
         runnable = self.__dict__.get("runnable")

@@ -8,7 +8,7 @@ calls inside `npu_runtime()`, which for the duration of the call only points tho
 
     real NPU       torch.npu's streams and events (torch_npu)
     simulated NPU  vllm_npu.ops.sim.streams (side-stream work really deferred) and
-                   accelerator calls that synchronise those streams / have nothing to free
+                   accelerator calls that synchronise those streams / trim the heap
 
 Outside a worker call (API server, tests, other threads' code) torch's own functions
 stay; `torch.cuda` is never rebound for the process. Objects created inside (the runner's
@@ -35,8 +35,11 @@ def _synchronize_streams(*args, **kwargs) -> None:
     synchronize_all()
 
 
-def _empty_cache_noop(*args, **kwargs) -> None:
-    """Simulated NPU: no caching allocator to release."""
+def _empty_cache(*args, **kwargs) -> None:
+    """Simulated NPU: the heap that serves as device memory gives its free pages back."""
+    from vllm_npu.ops.sim.memory import release_freed_heap
+
+    release_freed_heap()
 
 
 def _empty_host_cache_noop(*args, **kwargs) -> None:
@@ -58,7 +61,7 @@ def _replacements(simulated: bool) -> tuple[tuple[object, str, object], ...]:
         from vllm_npu.ops.sim import streams
 
         return ((torch.accelerator, "synchronize", _synchronize_streams),
-                (torch.accelerator, "empty_cache", _empty_cache_noop),
+                (torch.accelerator, "empty_cache", _empty_cache),
                 (torch.accelerator, "empty_host_cache", _empty_host_cache_noop),
                 (torch.accelerator, "current_device_index", _current_device_index),
                 (torch, "Event", streams.Event),

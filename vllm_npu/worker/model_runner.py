@@ -83,6 +83,28 @@ class NPUModelRunner(CPUGeneratorRewind, VectorisedAsyncInputIds, GPUModelRunner
             self.model.before_replay = lambda ctx, event: update_attention_tasks(
                 ctx, layers, event)
 
+    def shutdown(self) -> None:
+        """Also drop, before vLLM's own release (which sets `model` to None), the captured
+        graphs (with the buffers and KV cache views their tasks hold) and the compiled
+        model: Dynamo keeps every compiled backend, and with it the piecewise graph
+        wrappers, for the life of the process (torch._dynamo.eval_frame.cached_backends),
+        and a bytecode hook pins the compiled model. vLLM's LLMEngine finalizer would
+        remove that hook, but it finds the model through a weak reference to
+        `runner.model`, here the FULL graph wrapper, already gone by then. Without this an
+        in-process engine's graphs and KV cache outlived it (vLLM drops graphs here only
+        on ROCm)."""
+        from vllm.compilation.wrapper import TorchCompileWithNoGuardsWrapper
+
+        ACLGraphWrapper.release_graphs(self.vllm_config)
+        GRAPH_PARAMS.clear()
+        model = getattr(self, "model", None)
+        if model is not None:
+            model = model.unwrap() if isinstance(model, ACLGraphWrapper) else model
+            for module in model.modules():
+                if isinstance(module, TorchCompileWithNoGuardsWrapper):
+                    module.cleanup()
+        super().shutdown()
+
     def capture_model(self) -> int:
         """Capture one ACL graph per BatchDescriptor vLLM's dispatcher asks for (largest
         first). vLLM's own capture_model enters a CUDA-only stream/communicator context;

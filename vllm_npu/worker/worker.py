@@ -20,6 +20,7 @@ from vllm.v1.worker.worker_base import CompilationTimes
 
 from vllm_npu.device import log_backend, select_backend
 from vllm_npu.distributed.kv_transfer.config import check_worker_connector
+from vllm_npu.fork_safety import claim_simulated_npu
 from vllm_npu.ops.sim import cores
 from vllm_npu.worker.accelerator import on_npu_runtime
 from vllm_npu.worker.kv_poll import pause_if_only_polling
@@ -44,6 +45,7 @@ class NPUWorker(Worker):
         freeze_gc_heap()
         log_backend()
         if self.simulated:
+            claim_simulated_npu()  # refused in a child forked after the parent claimed it
             self.device = torch.device("cpu")
             keep_freed_heap()  # device memory that is reused, not returned to the OS
             parallel = self.parallel_config  # ranks sharing this host's CPUs

@@ -58,6 +58,22 @@ def keep_freed_heap() -> bool:
     return True
 
 
+def release_freed_heap() -> bool:
+    """Give the heap's free pages back to the OS (glibc's malloc_trim(0), every arena):
+    the simulated `torch.accelerator.empty_cache()`, as a device's caching allocator
+    returns its unused blocks. vLLM calls it at startup points and in
+    `cleanup_dist_env_and_memory` after an engine's shutdown: without it a process that
+    ran several engines kept the largest heap any of them reached. False where the C
+    library has no malloc_trim."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
+
+
 def register_resident(tensors) -> None:
     """Count these tensors' storages as device memory while they are alive."""
     for t in tensors:

@@ -280,12 +280,28 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return slots is not None and _task("linear")[0](_slots(*slots)) == 0
 
 
+_INT32_MAX = 2**31 - 1  # MKL's sgemm takes 32-bit sizes (csrc/sim_kernels.c npu_sim_linear)
+
+
+@functools.cache
+def _linear_task_runs(inner: int) -> bool:
+    """Whether the linear task runs in this process for an inner dim like `inner`: its
+    only failure past `_linear_slots`' checks is GNU OpenMP (or, inner dims not in whole
+    vectors of 16, MKL's sgemm) not found, which the library looks up once per process."""
+    x, weight = torch.ones(2, inner), torch.ones(16, inner)
+    out = torch.empty(2, 16)
+    slots = _linear_slots(x, weight, None, out, 2)
+    return slots is not None and _task("linear")[0](_slots(*slots)) == 0
+
+
 def linear_launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   out: torch.Tensor, threads: int) -> Launch | None:
-    """`linear` prepared, or None where it does not cover the case (checked by running it
-    once: the library finds GNU OpenMP and MKL when first called)."""
+    """`linear` prepared, or None where it does not cover the case (`_linear_slots`, and
+    the task probed once per process: graph capture prepares one per captured linear)."""
     slots = _linear_slots(x, weight, bias, out, threads)
-    if slots is None or _task("linear")[0](_slots(*slots)) != 0:
+    by_sgemm = not slots[-1] and x.shape[1] % 16 if slots is not None else False
+    if slots is None or not _linear_task_runs(3 if by_sgemm else 16) \
+            or by_sgemm and max(x.shape[0], weight.shape[0], x.shape[1]) > _INT32_MAX:
         return None
     tensors = (x, weight, out) if bias is None else (x, weight, bias, out)
     return Launch("linear", slots, tensors=tensors)
