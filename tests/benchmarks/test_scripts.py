@@ -62,8 +62,11 @@ def test_every_benchmark_script_is_covered():
 
 @pytest.mark.parametrize("script", list(RUNS))
 def test_benchmark_runs_to_the_end(script, tmp_path):
-    out = subprocess.run([sys.executable, str(BENCH / script), *RUNS[script]],
-                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    from tests.benchmarks.conftest import background_result
+
+    out = background_result(script, timeout_s=600) or subprocess.run(
+        [sys.executable, str(BENCH / script), *RUNS[script]], capture_output=True, text=True,
+        timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
     assert len(rows) >= 3, out.stdout[-2000:]  # header, rule, at least one result row
