@@ -64,10 +64,7 @@ def numba_openmp_in_use() -> bool:
 
 def prepare_to_fork_workers(simulated: bool, starts_processes: bool) -> None:
     """`starts_processes`: vLLM will start an engine core or workers from this process."""
-    if not starts_processes:
-        return
-    gc.collect()
-    if os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "fork") == "spawn":
+    if not starts_processes or os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == "spawn":
         return
     reasons = []
     if npu_initialized_here(simulated):
@@ -80,3 +77,5 @@ def prepare_to_fork_workers(simulated: bool, starts_processes: bool) -> None:
         logger.warning("vllm_npu: workers spawn instead of forking (as vLLM does once CUDA "
                        "is initialised): %s", "; ".join(reasons))
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    else:
+        gc.collect()  # children fork: nothing of an earlier engine may be left to collect

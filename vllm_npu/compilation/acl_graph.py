@@ -75,15 +75,12 @@ class ACLGraphWrapper:
         ACLGraphWrapper._live.add(self)
 
     @classmethod
-    def release_graphs(cls, vllm_config: VllmConfig) -> int:
+    def release_graphs(cls, vllm_config: VllmConfig) -> None:
         """Drop the graphs of every wrapper of this engine (at its shutdown: the runner's
-        `shutdown` says why). Returns how many."""
-        dropped = 0
+        `shutdown` says why)."""
         for wrapper in list(cls._live):
             if wrapper.vllm_config is vllm_config:
-                dropped += len(wrapper.entries)
                 wrapper.clear_graphs()
-        return dropped
 
     def __getattr__(self, key: str) -> Any:
         runnable = self.__dict__.get("runnable")

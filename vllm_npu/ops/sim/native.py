@@ -299,8 +299,10 @@ def linear_launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """`linear` prepared, or None where it does not cover the case (`_linear_slots`, and
     the task probed once per process: graph capture prepares one per captured linear)."""
     slots = _linear_slots(x, weight, bias, out, threads)
-    by_sgemm = not slots[-1] and x.shape[1] % 16 if slots is not None else False
-    if slots is None or not _linear_task_runs(3 if by_sgemm else 16) \
+    if slots is None:
+        return None
+    by_sgemm = not slots[-1] and x.shape[1] % 16 != 0  # csrc/sim_program.c's dispatch
+    if not _linear_task_runs(3 if by_sgemm else 16) \
             or by_sgemm and max(x.shape[0], weight.shape[0], x.shape[1]) > _INT32_MAX:
         return None
     tensors = (x, weight, out) if bias is None else (x, weight, bias, out)
