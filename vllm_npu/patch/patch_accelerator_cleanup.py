@@ -1,8 +1,10 @@
-"""Patch: run vLLM's end-of-engine cleanup with no-op accelerator cache calls (simulation).
+"""Patch: run vLLM's end-of-engine cleanup with the simulated NPU's accelerator cache calls.
 
 What: wraps `cleanup_dist_env_and_memory` (in `vllm.distributed.parallel_state` and the
     names re-bound in `vllm.distributed` and `vllm.v1.engine.core`) so that it runs inside
-    `vllm_npu.worker.accelerator.npu_runtime()`.
+    `vllm_npu.worker.accelerator.npu_runtime()`: its `empty_cache()` gives the heap's free
+    pages back (the simulated device memory of the engine just shut down), its
+    `empty_host_cache()` has nothing to free.
 Why: after tearing down the process groups it calls `torch.accelerator.empty_cache()` /
     `empty_host_cache()` unless `current_platform.is_cpu()`; an out-of-tree platform is
     never "cpu", and on a CPU build of torch those calls raise ("Cannot access accelerator
