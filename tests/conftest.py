@@ -163,3 +163,22 @@ def _small_shapes_single_threaded(request):
     if top in SINGLE_THREAD_DIRS:
         request.getfixturevalue("single_torch_thread")
     yield
+
+
+_tail: list[str | None] = [None]  # node id of the first test of the single-threaded tail
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    from tests.helpers import background
+
+    if not session.config.option.collectonly:
+        _tail[0] = background.tail_start([item.nodeid for item in session.items])
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if nodeid == _tail[0]:  # one core idles from here on: start the background runs
+        from tests.helpers import background
+
+        background.start_all()
+

@@ -24,6 +24,25 @@ def _load(tmp_path, text: str):
     return allowlist.load(path)
 
 
+def _plugin_runs(tmp_path, env: dict, files: list[str]) -> dict[str, tuple[int, dict]]:
+    """pytest under the harness's plugin, one process per file as the runner starts them
+    (all at once: each imports vLLM, ~10 s of CPU): file -> (exit code, JUnit outcomes)."""
+    procs = {}
+    for name in files:
+        xml = tmp_path / (Path(name).stem + ".xml")
+        procs[name] = (xml, subprocess.Popen(
+            [sys.executable, "-m", "pytest", name, "-p", "upstream_tests.plugin",
+             "-p", "no:cacheprovider", f"--junitxml={xml}", "-o", "junit_family=xunit2"],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True))
+    out = {}
+    for name, (xml, proc) in procs.items():
+        text, _ = proc.communicate(timeout=300)
+        assert xml.exists(), text[-3000:]
+        out[name] = (proc.returncode, parse_junit(xml, name))
+    return out
+
+
 def test_the_shipped_allowlist_is_valid_and_has_a_ci_slice():
     rules = allowlist.load()
     assert rules.files_to_run(ci=True)
@@ -171,14 +190,9 @@ def test_a_module_failing_to_import_for_a_known_reason_is_an_expected_failure(tm
                                  "class": "network", "reason": "downloads"}]}
     env = dict(os.environ, VLLM_NPU_UPSTREAM_ENTRY=json.dumps(entry),
                PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
-    got = {}
-    for name in ("test_known", "test_other"):
-        xml = tmp_path / f"{name}.xml"
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", f"tests/{name}.py", "-p", "upstream_tests.plugin",
-             "-p", "no:cacheprovider", f"--junitxml={xml}", "-o", "junit_family=xunit2"],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-        got[name] = (proc.returncode, sorted(parse_junit(xml, f"tests/{name}.py").values()))
+    runs = _plugin_runs(tmp_path, env, ["tests/test_known.py", "tests/test_other.py"])
+    got = {Path(name).stem: (rc, sorted(outcomes.values())) for name, (rc, outcomes) in
+           runs.items()}
     # 5: pytest collected no test, which the runner accepts; 2: a collection error
     assert got == {"test_known": (5, ["xfailed:network"]), "test_other": (2, ["failed"])}
 
@@ -196,23 +210,20 @@ def test_runs():
 """
 
 
-@pytest.mark.parametrize("guard, other, outcomes", [
-    (True, False, ["passed"]),      # the lifted guard no longer skips: the test runs
-    (False, True, ["skipped"]),     # a skip for another reason is pytest's
-])
-def test_a_lifted_module_skip_lets_the_module_import_on(tmp_path, guard, other, outcomes):
+def test_a_lifted_module_skip_lets_the_module_import_on(tmp_path):
+    """The lifted guard no longer skips (the test runs); a skip for another reason is
+    pytest's."""
     (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_guarded.py").write_text(
-        GUARDED.format(guard=guard, other=other))
+    files = {"tests/test_lifted.py": (True, False, ["passed"]),
+             "tests/test_other_skip.py": (False, True, ["skipped"])}
+    for name, (guard, other, _) in files.items():
+        (tmp_path / name).write_text(GUARDED.format(guard=guard, other=other))
     entry = {"lift_module_skip": {"match": "only supported on CUDA", "reason": "V1 runs"}}
     env = dict(os.environ, VLLM_NPU_UPSTREAM_ENTRY=json.dumps(entry),
                PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
-    xml = tmp_path / "out.xml"
-    subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/test_guarded.py", "-p", "upstream_tests.plugin",
-         "-p", "no:cacheprovider", f"--junitxml={xml}", "-o", "junit_family=xunit2"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert sorted(parse_junit(xml, "tests/test_guarded.py").values()) == outcomes
+    runs = _plugin_runs(tmp_path, env, list(files))
+    assert {name: sorted(outcomes.values()) for name, (_, outcomes) in runs.items()} == \
+        {name: want for name, (_, _, want) in files.items()}
 
 
 BLOCK_SIZES = """

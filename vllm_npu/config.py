@@ -42,6 +42,12 @@ class EplbOptions(BaseModel):
     layers_per_step: int = Field(default=1, ge=1)
     # A layer whose weight transfer takes longer is rolled back (old placement kept).
     transfer_timeout_s: float = Field(default=30.0, gt=0)
+    # The window reaches the policy as this many consecutive sub-windows (its drift).
+    sub_windows: int = Field(default=8, ge=1)
+    # Totals of this many earlier windows go with it (the policy's memory lives here).
+    history_windows: int = Field(default=8, ge=0)
+    # The policy's time per rebalance: past it, layers not yet planned keep a quick plan.
+    plan_deadline_s: float = Field(default=0.5, gt=0)
     # Copied by the platform from vLLM's --enable-eplb / --eplb-config (vLLM's own EPLB
     # stays off on the NPU; see NPUPlatform._take_over_eplb).
     enabled: bool = False

@@ -152,7 +152,9 @@ class AscendBaseline:
             self._impl: Any = getattr(_load_module(source_root, module), cls)()
 
     def rebalance(self, load: np.ndarray, num_ranks: int, slots_per_rank: int,
-                  old_phy2log: np.ndarray | None = None) -> np.ndarray:
+                  old_phy2log: np.ndarray | None = None, history: np.ndarray | None = None,
+                  deadline_s: float | None = None) -> np.ndarray:
+        # (vllm-ascend's policies take neither earlier windows nor a deadline)
         load = np.asarray(load, dtype=np.float64)
         windows = load if load.ndim == 3 else load[None]
         n_l, n_e = windows.shape[1:]

@@ -100,7 +100,8 @@ def run_point(names: list[str], ranks: int, redundant: int, tokens: int, preset:
         prev = None
         for w in range(args.windows):
             t0 = time.perf_counter()
-            plan = pol.rebalance(data[w], num_ranks=ranks, slots_per_rank=slots, old_phy2log=prev)
+            plan = pol.rebalance(data[w], num_ranks=ranks, slots_per_rank=slots, old_phy2log=prev,
+                                 history=totals[:w])
             res.solve_s.append(time.perf_counter() - t0)
             try:
                 check_placement(plan, args.layers, args.experts, ranks, slots, name="plan")

@@ -36,13 +36,13 @@ import numpy as np  # noqa: E402
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
-    from benchmarks.eplb.families import FAMILIES
+    from benchmarks.eplb.families import ALL_FAMILIES
 
     p = argparse.ArgumentParser(prog="python benchmarks/eplb_families.py",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", choices=["report", "tuning"], default="report")
-    p.add_argument("--families", nargs="+", default=list(FAMILIES))
+    p.add_argument("--families", nargs="+", default=list(ALL_FAMILIES))
     p.add_argument("--ranks", type=int, nargs="+", default=[32, 64, 128])
     p.add_argument("--redundant", type=int, default=1, help="redundant slots per rank")
     p.add_argument("--layers", type=int, default=16)
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], float]:
                     for w in range(args.windows):
                         t0 = time.perf_counter()
                         plan = pol.rebalance(data[w], num_ranks=d, slots_per_rank=s,
-                                             old_phy2log=prev)
+                                             old_phy2log=prev, history=totals[:w])
                         times.append(time.perf_counter() - t0)
                         ins.append(float(imbalance(totals[w], plan, d, s).mean()))
                         outs.append(float(imbalance(totals[w + 1], plan, d, s).mean()))

@@ -13,6 +13,10 @@ sub-window and turned into top-k routing counts (no expert above 1/top_k of the 
 Each adds an AR(1) walk in log-popularity (persistence ``rho``, innovation ``noise``
 per sub-window), so the next window never equals the last. Seeds split in two:
 :data:`TUNING_SEEDS` choose defaults, :data:`REPORT_SEEDS` give headline numbers.
+
+:mod:`benchmarks.eplb.processes` adds other kinds of drift under the same config; of
+those only ``walk`` and ``flash`` were used to choose defaults (:data:`TUNED_ON` lists
+every family and process defaults may be chosen on; the rest only report).
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from benchmarks.eplb.processes import PROCESSES, TUNING_PROCESSES, generate_process
 from benchmarks.eplb.workload import _capped_probs
 
 FAMILIES = ("zipf", "lognormal", "domain", "bursty")
+ALL_FAMILIES = FAMILIES + PROCESSES
+TUNED_ON = FAMILIES + TUNING_PROCESSES
 TUNING_SEEDS = (0, 1, 2)
 REPORT_SEEDS = (101, 102, 103, 104, 105)
 
@@ -59,8 +66,12 @@ def _base(cfg: FamilyConfig, rng: np.random.Generator) -> np.ndarray:
 
 def generate_family(cfg: FamilyConfig) -> np.ndarray:
     """Token counts ``[W + 1, T, L, E]``: one more window than rebalances, to score the last."""
-    if cfg.family not in FAMILIES:
-        raise ValueError(f"family must be one of {FAMILIES}, got {cfg.family!r}")
+    if cfg.family not in ALL_FAMILIES:
+        raise ValueError(f"family must be one of {ALL_FAMILIES}, got {cfg.family!r}")
+    picks = cfg.steps_per_sub * cfg.tokens_per_rank * cfg.num_ranks * cfg.top_k
+    if cfg.family in PROCESSES:
+        return generate_process(cfg.family, cfg.num_layers, cfg.num_experts, picks,
+                                cfg.num_windows + 1, cfg.sub_windows, cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     n_w, n_t, n_l, n_e = cfg.num_windows + 1, cfg.sub_windows, cfg.num_layers, cfg.num_experts
     base = _base(cfg, rng)
@@ -68,7 +79,6 @@ def generate_family(cfg: FamilyConfig) -> np.ndarray:
     mix = rng.dirichlet(np.ones(4))
     walk = np.zeros((n_l, n_e))
     hot = np.zeros((n_l, n_e))
-    picks = cfg.steps_per_sub * cfg.tokens_per_rank * cfg.num_ranks * cfg.top_k
     out = np.empty((n_w, n_t, n_l, n_e))
     for w in range(n_w):
         if domains is not None and rng.random() < 0.5:

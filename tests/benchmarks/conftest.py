@@ -1,22 +1,23 @@
 """Benchmark runs bound by wall time, not CPU, run beside the rest of the suite.
 
 The soak's CI run is 2 minutes of traffic whatever the machine does, and used about a third
-of this machine's two cores (102 s of CPU in 150 s, measured 2026-12-07). It starts when
-collection ends, in the background; its test is moved to the end of the run and checks
-what the soak printed (waiting for it if need be). A run that never reaches that test
-stops it at the session's end.
+of this machine's two cores (102 s of CPU in 150 s, measured 2026-12-07). It is scheduled
+at collection and runs beside the suite's single-threaded tail (tests/helpers/
+background.py); its test is moved to the end of the run and checks what the soak printed
+(waiting for it if need be). A run that never reaches that test stops it at the session's
+end.
 """
 from __future__ import annotations
 
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import background
+
 BACKGROUND = ("soak.py",)
-_running: dict[str, tuple[subprocess.Popen, Path]] = {}
 
 
 def _script(item) -> str | None:
@@ -37,24 +38,14 @@ def pytest_collection_modifyitems(config, items):
         items.append(item)
         script = _script(item)
         folder = Path(tempfile.mkdtemp(prefix=f"bench-{script}-"))
-        out = open(folder / "stdout.txt", "w")
-        proc = subprocess.Popen([sys.executable, str(BENCH / script), *RUNS[script]],
-                                cwd=folder, stdout=out, stderr=subprocess.STDOUT, text=True)
-        _running[script] = (proc, folder)
+        background.schedule(script, [sys.executable, str(BENCH / script), *RUNS[script]],
+                            folder, item.nodeid)
 
 
-def background_result(script: str, timeout_s: float) -> subprocess.CompletedProcess | None:
-    """The finished run of a script started at collection, or None if it was not."""
-    if script not in _running:
-        return None
-    proc, folder = _running.pop(script)
-    proc.wait(timeout=timeout_s)
-    text = (folder / "stdout.txt").read_text()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, text, "")
+def background_result(script: str, timeout_s: float):
+    """The finished background run of a script, or None if it was not scheduled."""
+    return background.result(script, timeout_s)
 
 
 def pytest_sessionfinish(session):
-    for proc, _ in _running.values():
-        proc.kill()
-        proc.wait()
-    _running.clear()
+    background.stop_all()

@@ -1,7 +1,8 @@
 """EPLB while serving on the simulated NPU: experts move between EP ranks during one
 `generate` (TP=2 + EP, decode graphs captured) and under `vllm serve` with DP=2 + EP, and
 the greedy tokens stay HF's. A skewed router is balanced; a failed weight transfer is
-rolled back with every slot still holding the expert its map names."""
+rolled back with every slot still holding the expert its map names. The in-process engines
+run in the engine host (tests/helpers/engine_host.py), whose log holds what they logged."""
 from __future__ import annotations
 
 import pytest
@@ -19,9 +20,6 @@ EPLB = dict(enable_expert_parallel=True, enable_eplb=True,
             eplb_config=dict(num_redundant_experts=2, window_size=4, step_interval=4,
                              log_balancedness=True))
 MP = dict(tensor_parallel_size=2, distributed_executor_backend="mp", enable_sleep_mode=False)
-
-
-pytestmark = pytest.mark.usefixtures("spawn_workers")
 
 
 @pytest.fixture(scope="module")
@@ -77,21 +75,29 @@ def _check_ranks_agree(states: list[dict]) -> None:
     assert all(s["history"] == states[0]["history"] for s in states)
 
 
-@pytest.mark.parametrize("model", list(MODELS))
-def test_rebalancing_during_generate_keeps_hf_tokens(models, parity_dtype, model, capfd):
-    path = models[model]
-    prompts = _prompts(path)
-    llm = make_llm(path, parity_dtype, **MP, **EPLB)
+def _generate_and_states(path: str, dtype: str, runs: list, **overrides):
+    """In the engine host: greedy tokens of each (prompts, max_tokens) run on one TP=2 + EP
+    + EPLB engine, then every worker's EPLB state."""
+    llm = make_llm(path, dtype, **MP, **EPLB, **overrides)
     try:
-        got = generate(llm, prompts, 24)
-        states = llm.collective_rpc(_worker_eplb)
+        outs = [generate(llm, prompts, n) for prompts, n in runs]
+        return outs, llm.collective_rpc(_worker_eplb)
     finally:
         shutdown(llm)
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_rebalancing_during_generate_keeps_hf_tokens(models, parity_dtype, model, engine_host):
+    path = models[model]
+    prompts = _prompts(path)
+    mark = engine_host.log_offset()
+    (got,), states = engine_host.run(_generate_and_states, path, parity_dtype,
+                                     [(prompts, 24)])
     assert got == [hf_greedy(path, p, 24) for p in prompts]
     _check_ranks_agree(states)
     history = states[0]["history"]
     assert len(history) >= 3 and sum(h[4] for h in history) > 0, history
-    assert "EPLB rebalance #3: balancedness" in capfd.readouterr().out
+    assert "EPLB rebalance #3: balancedness" in engine_host.log_since(mark)
     if model == "dsv3_moe_skewed":
         _, before, after, *_ = history[0]
         assert before < 0.7 and after > 0.9, history[0]
@@ -102,22 +108,19 @@ def test_rebalancing_during_generate_keeps_hf_tokens(models, parity_dtype, model
         assert sum(late) / len(late) > sum(early) / len(early) + 0.2, measured
 
 
-def test_failed_transfers_roll_back_and_serving_goes_on(models, parity_dtype, monkeypatch,
-                                                         capfd, tmp_path):
+def test_failed_transfers_roll_back_and_serving_goes_on(models, parity_dtype, engine_host,
+                                                         tmp_path):
     path = models["qwen3_moe"]
     prompts = _prompts(path)
-    # layer 1 on EP rank 1 receives bad weights; layer 0 on EP rank 0 overruns its time
-    monkeypatch.setenv("NPU_EPLB_FAIL_TRANSFER", "1:1,0:0:timeout")
     exported = tmp_path / "map.json"
-    llm = make_llm(path, parity_dtype, **MP, **EPLB,
-                   additional_config={"eplb": {"transfer_timeout_s": 1.0},
-                                      "moe": {"export_expert_map_path": str(exported)}})
-    try:
-        first = generate(llm, prompts, 24)
-        second = generate(llm, prompts[:1], 12)  # still serving afterwards
-        states = llm.collective_rpc(_worker_eplb)
-    finally:
-        shutdown(llm)
+    mark = engine_host.log_offset()
+    # layer 1 on EP rank 1 receives bad weights; layer 0 on EP rank 0 overruns its time
+    (first, second), states = engine_host.run(
+        _generate_and_states, path, parity_dtype,
+        [(prompts, 24), (prompts[:1], 12)],  # the second: still serving afterwards
+        env={"NPU_EPLB_FAIL_TRANSFER": "1:1,0:0:timeout"},
+        additional_config={"eplb": {"transfer_timeout_s": 1.0},
+                           "moe": {"export_expert_map_path": str(exported)}})
     assert first == [hf_greedy(path, p, 24) for p in prompts]
     assert second == [hf_greedy(path, prompts[0], 12)]
     _check_ranks_agree(states)
@@ -128,7 +131,7 @@ def test_failed_transfers_roll_back_and_serving_goes_on(models, parity_dtype, mo
     assert any(1 in h[3] for h in states[0]["history"])  # layer 1 moved later on
     for layer, phy2log in states[0]["placements"].items():  # the map rewritten each time
         assert load_placement(str(exported), layer, 8, 2).phy2log == phy2log
-    out = capfd.readouterr().out
+    out = engine_host.log_since(mark)
     assert "EPLB: layer 1: expert weight transfer failed on EP rank 1 (RuntimeError: " \
            "injected transfer failure" in out
     assert "EPLB: layer 0: expert weight transfer failed on EP rank 0 (timed out after" in out

@@ -11,6 +11,7 @@ process's HF references and caches, so forked workers stay small.
     with EngineHost() as host:
         tokens = host.generate(path, prompts, 12, tensor_parallel_size=2, ...)
         result = host.run(fn, *args, env={...}, **kwargs)  # fn: a module-level function
+        mark = host.log_offset(); ...; host.log_since(mark)  # what the host and workers logged
 
 Only engines whose workers are other processes belong here (TP/PP/CP > 1): a
 single-device engine would initialise the NPU in the host, and later workers would spawn.
@@ -41,6 +42,7 @@ class EngineHost:
         env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", _ENGINE_HOST_KEY=key.hex(),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
                                                             env.get("PYTHONPATH")])))
+        self._log = log
         out = open(log, "w") if log is not None else None
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tests.helpers.engine_host",
@@ -55,6 +57,19 @@ class EngineHost:
         if status != "ok":
             raise EngineHostError(value)
         return value
+
+    def log_offset(self) -> int:
+        """Where the host's log ends now (0 without a log)."""
+        return self._log.stat().st_size if self._log is not None else 0
+
+    def log_since(self, offset: int) -> str:
+        """What the host and its workers logged after ``offset`` (their log handlers flush
+        each record)."""
+        if self._log is None:
+            raise EngineHostError("this engine host was started without a log")
+        with open(self._log, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
 
     def generate(self, path: str, prompts: list[list[int]], max_tokens: int,
                  **llm_kwargs) -> list[list[int]]:

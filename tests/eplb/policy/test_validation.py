@@ -122,3 +122,28 @@ def test_old_non_integer() -> None:
     # integral floats are fine
     out = get_policy("flashlb").rebalance(_load(), D, S, old_phy2log=_valid_old().astype(float))
     assert out.dtype == np.int64
+
+
+@pytest.mark.parametrize("history, needle", [
+    (np.ones((2, L, E + 1)), r"history must have shape \[H, L, E\] = \[H, 2, 10\].*\(2, 2, 11\)"),
+    (np.ones((L, E)), r"history must have shape \[H, L, E\]"),
+    (np.full((1, L, E), -2.0), r"history must be >= 0, got -2.0 at index \[0, 0, 0\]"),
+    (np.full((1, L, E), np.nan), "history must be finite"),
+])
+def test_bad_history(policy_name: str, history: np.ndarray, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        get_policy(policy_name).rebalance(_load(), D, S, history=history)
+
+
+@pytest.mark.parametrize("deadline", [0, -1.0, float("nan"), "1", True])
+def test_bad_deadline(deadline: object) -> None:
+    with pytest.raises(ValueError, match="deadline_s must be a positive number of seconds or "
+                                         "None, got"):
+        get_policy("lookahead").rebalance(_load(), D, S, deadline_s=deadline)
+
+
+def test_history_as_a_list_of_windows() -> None:
+    windows = [_load(), 2 * _load()]
+    a = get_policy("lookahead").rebalance(_load(), D, S, history=windows)
+    b = get_policy("lookahead").rebalance(_load(), D, S, history=np.stack(windows))
+    assert np.array_equal(a, b)

@@ -159,7 +159,7 @@ def test_a_slow_plan_never_stalls_a_step_and_then_moves_the_weights():
                           group)
     release = threading.Event()
 
-    def slow_policy(load, num_ranks, slots_per_rank, old_phy2log=None):
+    def slow_policy(load, num_ranks, slots_per_rank, old_phy2log=None, **_):
         release.wait(30)
         return np.array([[3, 2, 1, 0]])
 
@@ -180,3 +180,61 @@ def test_a_slow_plan_never_stalls_a_step_and_then_moves_the_weights():
     assert w13[:, 0, 0].tolist() == [3.0, 2.0, 1.0, 0.0]  # slot s now holds expert 3 - s
     assert w2[:, 0, 0].tolist() == [3.0, 2.0, 1.0, 0.0]
     updator.close()
+
+
+def test_the_policy_gets_sub_windows_earlier_windows_and_its_deadline():
+    """What the runtime hands the policy: the window as `sub_windows` runs of steps, oldest
+    first (the counts each step recorded), the totals of the earlier windows (the policy's
+    memory, kept by the runtime, `history_windows` of them), and `plan_deadline_s`."""
+    from vllm_npu.config import EplbOptions
+    from vllm_npu.eplb.runtime.adaptor import MoELayerView
+    from vllm_npu.eplb.runtime.transfer import EPGroup
+    from vllm_npu.eplb.runtime.updator import EplbUpdator
+
+    start = ExpertPlacement.linear(4, 1)
+    layer = SimpleNamespace(w13_weight=torch.zeros(4, 6, 3), w2_weight=torch.zeros(4, 3, 3))
+    method = _RoutedMethod(start)
+    adaptor = SimpleNamespace(layers=[MoELayerView(5, layer, method)])
+    group = EPGroup(None, None, rank=0, size=1, global_ranks=[0], tp_size=1)
+    options = EplbOptions(enabled=True, window_size=6, step_interval=6, sub_windows=3,
+                          history_windows=2, plan_deadline_s=0.25)
+    updator = EplbUpdator(adaptor, options, group)
+    calls = []
+
+    def spy(load, num_ranks, slots_per_rank, old_phy2log=None, history=None, deadline_s=None):
+        calls.append((np.array(load), None if history is None else np.array(history),
+                      deadline_s))
+        return np.asarray(old_phy2log)  # keep the placement
+
+    updator.policy.rebalance = spy
+    rng = np.random.default_rng(3)
+    steps = rng.integers(0, 9, size=(24, 4))
+    for counts in steps:
+        method.expert_load.add_(torch.from_numpy(counts))
+        updator.step()
+        if updator._future is not None:
+            updator._future.result(timeout=30)
+    assert len(calls) == 4  # every 6 steps
+    for i, (load, history, deadline) in enumerate(calls):
+        window = steps[6 * i:6 * i + 6]
+        want = window.reshape(3, 2, 1, 4).sum(axis=1)  # 3 runs of 2 steps, [T, L, E]
+        np.testing.assert_array_equal(load, want)
+        earlier = [steps[6 * j:6 * j + 6].sum(axis=0)[None] for j in range(max(i - 2, 0), i)]
+        if earlier:
+            np.testing.assert_array_equal(history, np.stack(earlier))
+        else:
+            assert history is None
+        assert deadline == 0.25
+    updator.close()
+
+
+def test_sub_windows_of_a_window_not_yet_full_hold_only_recorded_steps():
+    placement = ExpertPlacement.linear(4, 1)
+    views = _views([placement])
+    rec = LoadRecorder(views, window_size=8)
+    for n in (1, 2, 3):
+        views[0].method.expert_load.add_(n)
+        rec.record()
+    subs = rec.sub_window_loads(8)  # 3 steps recorded: 3 sub-windows of one step
+    assert subs[:, 0, 0].tolist() == [1, 2, 3]
+    assert rec.sub_window_loads(2)[:, 0, 0].tolist() == [3, 3]  # runs of 2 and 1 steps

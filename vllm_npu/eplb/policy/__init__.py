@@ -4,10 +4,14 @@ incremental repair, alignment, scenarios, bounds, exact solvers, metrics, valida
 numpy, numba and scipy only: no torch, no vLLM.
 
 >>> policy = get_policy("flashlb")
->>> phy2log = policy.rebalance(load, num_ranks=D, slots_per_rank=S, old_phy2log=None)
+>>> phy2log = policy.rebalance(load, num_ranks=D, slots_per_rank=S, old_phy2log=None,
+...                            history=None, deadline_s=None)
 
 ``load`` is ``[L, E]`` or ``[T, L, E]`` (sub-windows, oldest first); the result
-is int64 ``[L, D*S]`` with rank ``d`` owning slots ``d*S .. d*S + S-1``.
+is int64 ``[L, D*S]`` with rank ``d`` owning slots ``d*S .. d*S + S-1``. ``history``
+holds earlier windows' ``[L, E]`` totals, oldest first (the caller keeps them, so a
+policy instance holds no memory a restart could lose); ``deadline_s`` bounds the call:
+a policy that plans in stages returns its best plan so far when it runs out.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ class Policy(ABC):
     name: str = ""
 
     def rebalance(self, load: np.ndarray, num_ranks: int, slots_per_rank: int,
-                  old_phy2log: np.ndarray | None = None) -> np.ndarray:
+                  old_phy2log: np.ndarray | None = None, history: np.ndarray | None = None,
+                  deadline_s: float | None = None) -> np.ndarray:
         """Return the new placement ``phy2log`` ``[L, D*S]`` (int64)."""
-        problem = check_request(load, num_ranks, slots_per_rank, old_phy2log)
+        problem = check_request(load, num_ranks, slots_per_rank, old_phy2log, history,
+                                deadline_s)
         out = np.ascontiguousarray(self.solve(problem), dtype=np.int64)
         assert out.shape == (problem.num_layers, problem.num_slots)
         return out
@@ -70,10 +76,16 @@ def get_policy(name: str, **options: float) -> Policy:
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for EPLB policy {name!r}; valid: "
                          f"{sorted(valid)}")
+    options = dict(options)
     for key, value in options.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"EPLB policy {name!r} option {key!r} must be a number, got "
                              f"{value!r} (default {valid[key]!r})")
+        if isinstance(valid[key], int) and not isinstance(value, int):
+            if not float(value).is_integer():  # a count (sub-windows, tree depth, ...)
+                raise ValueError(f"EPLB policy {name!r} option {key!r} must be a whole "
+                                 f"number, got {value!r} (default {valid[key]!r})")
+            options[key] = int(value)
     return _policy_class(name)(**options)
 
 

@@ -7,11 +7,11 @@ Per layer, from the ``T`` sub-windows of history:
    seen total. Popularity walks (drift), so the recent past predicts better than the
    mean; it is also noisier, hence the shrinkage.
    **Memory**: the forecast is blended (weight ``memory``) with an exponential average
-   (``decay`` per call) of the earlier windows' load shares, which the instance keeps
-   (one instance serves one run, as in the EPLB runtime; a different layer/expert shape
-   starts it afresh). A shift nothing in the window predicts (a traffic domain jumping)
-   then falls back towards the long-run mix: on the tuning seeds ``memory=0.3`` lowered
-   next-window OUT by 1.6-4% on the domain family and 0.4-0.8% on log-normal.
+   (``decay`` per window) of the load shares of the earlier windows the caller hands in
+   as ``history`` (the EPLB runtime keeps them; the instance keeps nothing). A shift
+   nothing in the window predicts (a traffic domain jumping) then falls back towards the
+   long-run mix: on the tuning seeds ``memory=0.3`` lowered next-window OUT by 1.6-4% on
+   the domain family and 0.4-0.8% on log-normal.
 2. **Replica counts** water-filled on a blend of the seen load and the forecast.
 3. **Pack** (LPT + swap descent), then :func:`~vllm_npu.eplb.policy.scenario.scenario_descent`
    on the scenarios ``[seen, forecast, last sub-windows x T]``: the seen window is held
@@ -30,6 +30,10 @@ Per layer, from the ``T`` sub-windows of history:
    on the tuning seeds (D=64) ``move_budget=0.2`` cut moves from 71-75% to 51-70% of slots
    and cost 0.5-1.7% OUT. Otherwise align the new plan to the old one (Hungarian), so
    kept experts stay in place.
+
+**Anytime**: every layer first gets a quick plan (water-filled counts, LPT packing; the
+old table where that is no worse), then layers are planned in full, worst quick plan
+first, while the call's deadline allows; a layer the deadline leaves keeps its quick plan.
 
 Defaults were chosen on :data:`benchmarks.eplb.families.TUNING_SEEDS` only.
 """
@@ -93,34 +97,65 @@ class LookaheadPolicy(Policy):
         self.repair_in = repair_in            # fraction of slots when its seen IN <= this
         self.rep_tol = rep_tol                # repair: retarget above best replica x (1+this)
         self.memory = memory                  # forecast weight of the earlier windows' shares
-        self.decay = decay                    # per call, of that exponential average
-        self._shares: np.ndarray | None = None  # [L, E] load shares of earlier windows
+        self.decay = decay                    # per window, of that exponential average
 
     def solve(self, problem: Problem) -> np.ndarray:
         d, s = problem.num_ranks, problem.slots_per_rank
         old = None if problem.old is None else as_tables(problem.old, d, s)
-        out = np.empty((problem.num_layers, d * s), np.int64)
+        out, quick_in = self._quick(problem, old)
         small = exact.is_small(problem.num_experts, d, s)
-        share = problem.load / np.maximum(problem.load.sum(axis=1, keepdims=True), 1e-300)
-        past = self._shares if self._shares is not None and \
-            self._shares.shape == share.shape else None
-        for layer in range(problem.num_layers):
+        past = self._memory(problem.history)
+        for layer in np.argsort(-quick_in, kind="stable"):
+            if problem.time_left() <= 0.0:
+                break  # the rest keep their quick plans
             seen = np.ascontiguousarray(problem.load[layer])
             z = self._scenarios(seen, problem.windows[:, layer])
-            if past is not None and self.memory > 0:
+            if past is not None:
                 z[1] = (1.0 - self.memory) * z[1] + self.memory * past[layer] * seen.sum()
             wk = 1.0 / np.maximum([layer_lower_bound(row, d, s) for row in z], 1e-12)
             table = self._plan(z, wk, d, s)
             if small:
-                best = exact.solve_layer(seen, d, s, time_limit_s=self.exact_time_s,
-                                         incumbent_ok=True)
+                budget = min(self.exact_time_s, problem.time_left())
+                best = None if budget <= 0.0 else exact.solve_layer(
+                    seen, d, s, time_limit_s=budget, incumbent_ok=True)
                 if best is not None and layer_peak(seen, best) < layer_peak(seen, table):
                     table = best
             if old is not None:
                 table = self._against_old(table, old[layer], z, wk)
             out[layer] = table.ravel()
-        self._shares = share if past is None else self.decay * past + (1 - self.decay) * share
         return out
+
+    @staticmethod
+    def _quick(problem: Problem, old: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Every layer's quick plan ``[L, D*S]`` (the old table where no worse on the seen
+        window, else the packing aligned to it) and its seen peak / LB."""
+        d, s = problem.num_ranks, problem.slots_per_rank
+        out = np.empty((problem.num_layers, d * s), np.int64)
+        ratio = np.empty(problem.num_layers)
+        for layer in range(problem.num_layers):
+            seen = np.ascontiguousarray(problem.load[layer])
+            table = packed_layer(seen, water_fill(seen, d * s, d), d, s, MAX_SWAPS)
+            peak = layer_peak(seen, table)
+            if old is not None:
+                old_peak = layer_peak(seen, old[layer])
+                if old_peak <= peak:
+                    table, peak = old[layer], old_peak
+                else:
+                    table = align_layer(table, old[layer], seen.shape[0])
+            out[layer] = table.ravel()
+            ratio[layer] = peak / max(layer_lower_bound(seen, d, s), 1e-12)
+        return out, ratio
+
+    def _memory(self, history: np.ndarray | None) -> np.ndarray | None:
+        """``[L, E]``: the exponential average (``decay`` per window) of the earlier
+        windows' load shares, or None without history."""
+        if history is None or self.memory <= 0:
+            return None
+        shares = history / np.maximum(history.sum(axis=2, keepdims=True), 1e-300)
+        past = shares[0]
+        for share in shares[1:]:
+            past = self.decay * past + (1.0 - self.decay) * share
+        return past
 
     def _scenarios(self, seen: np.ndarray, windows: np.ndarray) -> np.ndarray:
         """``[seen, forecast, last sub-windows x T]`` as rows ``[K, E]``."""

@@ -11,6 +11,7 @@ Every error is a ``ValueError`` that names the bad value and what is valid.
 from __future__ import annotations
 
 import numbers
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,9 @@ class Problem:
     """A validated rebalance request.
 
     ``windows`` is always ``[T, L, E]`` (a 2-D load becomes ``T == 1``);
-    ``load`` is its sum over sub-windows, the aggregate the metrics use.
+    ``load`` is its sum over sub-windows, the aggregate the metrics use. ``history`` is
+    ``[H, L, E]``, the totals of earlier windows (oldest first), or None; ``deadline`` the
+    ``time.perf_counter()`` by which the plan is due, or None.
     """
 
     windows: np.ndarray
@@ -29,6 +32,12 @@ class Problem:
     num_ranks: int
     slots_per_rank: int
     old: np.ndarray | None
+    history: np.ndarray | None = None
+    deadline: float | None = None
+
+    def time_left(self) -> float:
+        """Seconds until the deadline (inf without one)."""
+        return float("inf") if self.deadline is None else self.deadline - time.perf_counter()
 
     @property
     def num_layers(self) -> int:
@@ -133,9 +142,39 @@ def check_placement(phy2log: object, num_layers: int, num_experts: int,
     return arr
 
 
+def check_history(history: object, num_layers: int, num_experts: int) -> np.ndarray | None:
+    """Earlier windows' totals as float64 ``[H, L, E]`` (a list of ``[L, E]`` is stacked), or
+    None for none (also ``H == 0``); reject bad shapes and values as :func:`check_load` does."""
+    if history is None or (isinstance(history, (list, tuple)) and not history):
+        return None
+    arr = np.asarray(history)
+    if arr.ndim != 3 or arr.shape[1:] != (num_layers, num_experts):
+        raise ValueError(f"history must have shape [H, L, E] = [H, {num_layers}, "
+                         f"{num_experts}] (earlier windows' totals), got {arr.shape}")
+    if arr.shape[0] == 0:
+        return None
+    try:
+        return check_load(arr)
+    except ValueError as e:
+        raise ValueError(str(e).replace("load", "history", 1)) from None
+
+
+def check_deadline(deadline_s: object) -> float | None:
+    """``deadline_s`` (seconds from now, > 0, or None) as an absolute perf_counter."""
+    if deadline_s is None:
+        return None
+    if isinstance(deadline_s, bool) or not isinstance(deadline_s, numbers.Real) \
+            or not np.isfinite(deadline_s) or deadline_s <= 0:
+        raise ValueError(f"deadline_s must be a positive number of seconds or None, got "
+                         f"{deadline_s!r}")
+    return time.perf_counter() + float(deadline_s)
+
+
 def check_request(load: object, num_ranks: object, slots_per_rank: object,
-                  old_phy2log: object | None) -> Problem:
+                  old_phy2log: object | None, history: object | None = None,
+                  deadline_s: object | None = None) -> Problem:
     """Validate a full ``rebalance`` call."""
+    deadline = check_deadline(deadline_s)
     windows = check_load(load)
     _, num_layers, num_experts = windows.shape
     d, s = check_geometry(num_experts, num_ranks, slots_per_rank)
@@ -143,4 +182,5 @@ def check_request(load: object, num_ranks: object, slots_per_rank: object,
     if old_phy2log is not None:
         old = check_placement(old_phy2log, num_layers, num_experts, d, s)
     return Problem(windows=windows, load=windows.sum(axis=0), num_ranks=d,
-                   slots_per_rank=s, old=old)
+                   slots_per_rank=s, old=old,
+                   history=check_history(history, num_layers, num_experts), deadline=deadline)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -87,6 +88,8 @@ class EplbUpdator:
         self.total_steps = 0
         self.history: list[Rebalance] = []
         self.balancedness_log: list[tuple[int, float]] = []
+        # EP rank 0: earlier windows' [L, E] totals, oldest first, handed to the policy
+        self._windows: deque[np.ndarray] = deque(maxlen=max(options.history_windows, 1))
         self._future: Future | None = None
         self._pending: list[int] = []
 
@@ -109,8 +112,9 @@ class EplbUpdator:
         opts = self.options
         if opts.log_balancedness and self.total_steps % opts.log_balancedness_interval == 0:
             self._log_balancedness()
-        if not is_dummy:
-            self.recorder.record()
+        # dummy steps record their (discarded: zero) counts too, so that every EP rank's
+        # window covers the same steps and splits into the same sub-windows
+        self.recorder.record()
         self.total_steps += 1
         self.steps += 1
         if self.state == "collect" and self.steps >= opts.step_interval:
@@ -137,16 +141,22 @@ class EplbUpdator:
         return np.array([v.placement.phy2log for v in self.views], dtype=np.int64)
 
     def _start_plan(self) -> None:
-        load = self.recorder.window_load().double().cpu()
-        load = (self.group.all_reduce(load) / self.group.tp_size).numpy()
+        opts = self.options
+        subs = self.recorder.sub_window_loads(opts.sub_windows).double().cpu()
+        subs = (self.group.all_reduce(subs) / self.group.tp_size).numpy()
+        load = subs.sum(axis=0)
         old = self._phy2log()
         before = balancedness(load, old, self.group.size)
         self._current = Rebalance(len(self.history) + 1, before, before)
         self._load, self._old, self._t0 = load, old, time.perf_counter()
         if self._planner is not None:
             first = self.views[0].placement
-            self._future = self._planner.submit(self.policy.rebalance, load, first.ep_size,
-                                                first.slots_per_rank, old)
+            earlier = np.stack(self._windows) if self._windows else None
+            self._future = self._planner.submit(
+                self.policy.rebalance, subs, first.ep_size, first.slots_per_rank, old,
+                history=earlier, deadline_s=opts.plan_deadline_s)
+            if opts.history_windows:
+                self._windows.append(load)
         self.state = "plan"
         self._poll_plan()
 
