@@ -150,9 +150,10 @@ def test_family_benchmark_writes_its_table(tmp_path) -> None:
                  "--out", str(out)]) == 0
     rows = [line.split("|")[1:-1] for line in out.read_text().splitlines()
             if line.startswith("| lognormal")]
-    assert [r[3].strip() for r in rows] == ["flashlb", "lookahead"]
+    assert [r[4].strip() for r in rows] == ["flashlb", "lookahead"]
+    assert {r[1].strip() for r in rows} == {"tuned"}  # lognormal: a family defaults saw
     for r in rows:
-        inn, inn_star = float(r[4]), float(r[5])
+        inn, inn_star = float(r[5]), float(r[6])
         assert 1.0 <= inn_star <= inn + 1e-9   # the MILP bound is at least the simple one
 
 
