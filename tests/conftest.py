@@ -165,7 +165,7 @@ def _small_shapes_single_threaded(request):
     yield
 
 
-_tail: list[str | None] = [None]  # node id of the first test of the single-threaded tail
+_marks: dict[str, str | None] = {}  # node ids: "tail" (single-threaded tail), "e2e"
 
 
 @pytest.hookimpl(trylast=True)
@@ -173,12 +173,15 @@ def pytest_collection_finish(session):
     from tests.helpers import background
 
     if not session.config.option.collectonly:
-        _tail[0] = background.tail_start([item.nodeid for item in session.items])
+        ids = [item.nodeid for item in session.items]
+        _marks.update(tail=background.tail_start(ids), e2e=background.e2e_start(ids))
 
 
 def pytest_runtest_logstart(nodeid, location):
-    if nodeid == _tail[0]:  # one core idles from here on: start the background runs
+    if nodeid in (_marks.get("tail"), _marks.get("e2e")):
         from tests.helpers import background
 
-        background.start_all()
-
+        if nodeid == _marks["e2e"]:  # ~25% of the machine idles from here: niced work
+            background.signal_e2e()
+        if nodeid == _marks["tail"]:  # one core idles from here on: the background runs
+            background.start_all()
