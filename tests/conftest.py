@@ -165,7 +165,7 @@ def _small_shapes_single_threaded(request):
     yield
 
 
-_marks: dict[str, str | None] = {}  # node ids: "tail" (single-threaded tail), "e2e"
+_tail: list[str | None] = [None]  # node id of the first test of the single-threaded tail
 
 
 @pytest.hookimpl(trylast=True)
@@ -173,15 +173,12 @@ def pytest_collection_finish(session):
     from tests.helpers import background
 
     if not session.config.option.collectonly:
-        ids = [item.nodeid for item in session.items]
-        _marks.update(tail=background.tail_start(ids), e2e=background.e2e_start(ids))
+        _tail[0] = background.tail_start([item.nodeid for item in session.items])
 
 
 def pytest_runtest_logstart(nodeid, location):
-    if nodeid in (_marks.get("tail"), _marks.get("e2e")):
+    if nodeid == _tail[0]:  # one core idles from here on: start the background runs
         from tests.helpers import background
 
-        if nodeid == _marks["e2e"]:  # ~25% of the machine idles from here: niced work
-            background.signal_e2e()
-        if nodeid == _marks["tail"]:  # one core idles from here on: the background runs
-            background.start_all()
+        background.start_all()
+

@@ -1,14 +1,12 @@
-"""Work that runs beside the suite where it leaves a core idle.
+"""Work that runs beside the suite's single-threaded tail.
 
 The suite's last minutes (EPLB policies, ops, packaging, the upstream harness; measured
 2026-12-07: ~5 minutes at 50% of this machine's two cores) leave a core idle, while its
-first minutes keep both busy. So runs bound by wall time, not CPU (the soak's 2-minute CI
-run), are scheduled at collection and start when the first test of that tail starts
-(tests/conftest.py); a run whose test comes before the tail, or a selection without one,
-starts when its result is asked for. The engine tests (tests/e2e, ~19 minutes) keep the
-machine ~75% busy: niced CPU work fills the rest without slowing them much, so the file
-named by NPU_SUITE_E2E_FILE is touched when the first of them starts (.ci/run starts
-vLLM's CI slice, niced, then).
+first minutes and its engine tests keep both busy. So runs bound by wall time, not CPU
+(the soak's 2-minute CI run), are scheduled at collection and start when the first test of
+that tail starts (tests/conftest.py), and so does anything waiting on the file named by
+NPU_SUITE_TAIL_FILE (.ci/run starts vLLM's CI slice then). A run whose test comes before
+the tail, or a selection without one, starts when its result is asked for.
 
 Short CPU-light runs (the benchmark scripts at their smallest settings: 1.2 of the two
 cores each, measured) instead start at collection, two at a time (:func:`start_soon`), and
@@ -57,20 +55,11 @@ def tail_start(nodeids: list[str]) -> str | None:
     return nodeids[last + 1] if last + 1 < len(nodeids) else None
 
 
-def e2e_start(nodeids: list[str]) -> str | None:
-    """The first engine test of tests/e2e, or None."""
-    return next((n for n in nodeids if n.startswith("tests/e2e/")), None)
-
-
 def start_all() -> None:
-    """Start every scheduled run."""
+    """Start every scheduled run, and tell whoever waits on NPU_SUITE_TAIL_FILE."""
     for name in list(_pending):
         _start(name)
-
-
-def signal_e2e() -> None:
-    """Tell whoever waits on NPU_SUITE_E2E_FILE that the engine tests started."""
-    flag = os.environ.get("NPU_SUITE_E2E_FILE")
+    flag = os.environ.get("NPU_SUITE_TAIL_FILE")
     if flag:
         Path(flag).touch()
 
