@@ -31,9 +31,10 @@ Per layer, from the ``T`` sub-windows of history:
    and cost 0.5-1.7% OUT. Otherwise align the new plan to the old one (Hungarian), so
    kept experts stay in place.
 
-**Anytime**: every layer first gets a quick plan (water-filled counts, LPT packing; the
-old table where that is no worse), then layers are planned in full, worst quick plan
-first, while the call's deadline allows; a layer the deadline leaves keeps its quick plan.
+**Anytime** (with a deadline): every layer first gets a quick plan (water-filled
+counts, LPT packing; the old table where that is no worse), then layers are planned in
+full, worst quick plan first, while the deadline allows; a layer the deadline leaves
+keeps its quick plan.
 
 Defaults were chosen on :data:`benchmarks.eplb.families.TUNING_SEEDS` only.
 """
@@ -102,10 +103,15 @@ class LookaheadPolicy(Policy):
     def solve(self, problem: Problem) -> np.ndarray:
         d, s = problem.num_ranks, problem.slots_per_rank
         old = None if problem.old is None else as_tables(problem.old, d, s)
-        out, quick_in = self._quick(problem, old)
+        if problem.deadline is None:  # every layer gets its full plan: no fallback needed
+            out, order = np.empty((problem.num_layers, d * s), np.int64), \
+                range(problem.num_layers)
+        else:
+            out, quick_in = self._quick(problem, old)
+            order = np.argsort(-quick_in, kind="stable")
         small = exact.is_small(problem.num_experts, d, s)
         past = self._memory(problem.history)
-        for layer in np.argsort(-quick_in, kind="stable"):
+        for layer in order:
             if problem.time_left() <= 0.0:
                 break  # the rest keep their quick plans
             seen = np.ascontiguousarray(problem.load[layer])
