@@ -166,6 +166,7 @@ def _small_shapes_single_threaded(request):
 
 
 _tail: list[str | None] = [None]  # node id of the first test of the single-threaded tail
+_prefill: list = []  # the process filling vLLM's model-info cache (tests/helpers/model_info.py)
 
 
 @pytest.hookimpl(trylast=True)
@@ -174,6 +175,11 @@ def pytest_collection_finish(session):
 
     if not session.config.option.collectonly:
         _tail[0] = background.tail_start([item.nodeid for item in session.items])
+        if any(item.nodeid.startswith(background.ENGINE_DIRS) for item in session.items):
+            from tests.helpers import model_info
+
+            # vLLM's model-info cache, filled beside the first tests
+            _prefill.append(model_info.start())
 
 
 def pytest_runtest_logstart(nodeid, location):

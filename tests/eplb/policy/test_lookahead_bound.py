@@ -95,17 +95,13 @@ def _next_window_out(family: str, seed: int) -> dict[str, float]:
     return outs
 
 
-# Measured 2026-12-05, mean OUT over the report seeds, FlashLB -> lookahead: zipf 1.2194 ->
-# 1.2059, lognormal 1.1934 -> 1.1827, bursty 1.4162 -> 1.4207 (worse on 3 of 5 seeds):
-# the forecast does not know when a hot expert's burst is over (issue #49's subject).
-BURSTY_REPORT = pytest.mark.xfail(strict=True, reason="lookahead forecasts bursts past their "
-                                  "end on the report seeds (#49)")
-
-
+# Measured 2026-12-07, mean OUT over the report seeds, FlashLB -> lookahead: zipf 1.2194 ->
+# 1.2058, lognormal 1.1934 -> 1.1574, bursty 1.4162 -> 1.3923 (lookahead ahead on 4, 5 and 4
+# of the 5 seeds). Bursty had been behind (1.4207) until the replica counts were hedged
+# (lookahead's ``temper``).
 @pytest.mark.parametrize("family,seeds", [
     ("zipf", "tuning"), ("lognormal", "tuning"), ("bursty", "tuning"),
-    ("zipf", "report"), ("lognormal", "report"),
-    pytest.param("bursty", "report", marks=BURSTY_REPORT)])
+    ("zipf", "report"), ("lognormal", "report"), ("bursty", "report")])
 def test_lookahead_serves_the_next_window_better_than_flashlb(family: str, seeds: str) -> None:
     """The families whose drift is a walk: OUT (next window) below our FlashLB's, IN <=
     1.02 — on the tuning seed the defaults were chosen on, and on average over the report
@@ -213,12 +209,14 @@ def test_lookahead_memory_hedges_domain_jumps(seed: int) -> None:
     """Domain family (the tuning seed and every report seed): remembering earlier windows'
     shares (the ``history`` the caller hands in) lowers the next window's peak; the
     instance itself keeps nothing. (Report seeds measured 2026-12-05: memory 0 -> 0.3 gives
-    1.490 -> 1.439, 1.194 -> 1.162, 1.458 -> 1.451, 1.356 -> 1.351, 1.478 -> 1.413.)"""
+    1.490 -> 1.439, 1.194 -> 1.162, 1.458 -> 1.451, 1.356 -> 1.351, 1.478 -> 1.413.) Counts
+    unhedged (temper 1) to see memory alone: with the default hedge it gains on 5 of these 6
+    seeds (2026-12-07; seed 101: 1.4414 -> 1.4529)."""
     cfg = FamilyConfig(family="domain", num_ranks=32, num_layers=6, num_windows=6, seed=seed)
     data = generate_family(cfg)
     totals = data.sum(axis=1)
     outs = {}
-    pol = LookaheadPolicy(memory=0.3)
+    pol = LookaheadPolicy(memory=0.3, temper=1.0)
     for memory in (0.0, 0.3):
         prev, out = None, []
         for w in range(cfg.num_windows):
@@ -230,7 +228,7 @@ def test_lookahead_memory_hedges_domain_jumps(seed: int) -> None:
     assert outs[0.3] < outs[0.0], outs
     # no memory in the instance: the same call gives the same plan after all those calls
     assert np.array_equal(pol.rebalance(data[3], 32, 9, history=totals[:3]),
-                          LookaheadPolicy(memory=0.3).rebalance(data[3], 32, 9,
+                          LookaheadPolicy(memory=0.3, temper=1.0).rebalance(data[3], 32, 9,
                                                                 history=totals[:3]))
 
 
