@@ -6,6 +6,8 @@ walks around a fixed base, plus domain jumps or short bursts)::
     regime      the prompt mix switches abruptly, at any sub-window, among three regimes
                 (and may switch back)
     flash       experts turn hot (x3 to x20) for about a window and a half, then cool off
+    groups      experts rise and fall together: eight random groups, each with its own
+                activity moving sub-window to sub-window (AR(1)), over a fixed base
     correlated  layers share their hot sets: one latent popularity per expert index, with
                 its own drift, drives every layer (weight 0.6-0.95 per layer)
     heavy       heavy tails: Pareto popularity, the top expert of a layer near 10x its share
@@ -30,7 +32,7 @@ import numpy as np
 
 from benchmarks.eplb.workload import _capped_probs
 
-TUNING_PROCESSES = ("walk", "flash")
+TUNING_PROCESSES = ("walk", "flash", "groups")
 REPORT_PROCESSES = ("regime", "correlated", "heavy", "trace")
 PROCESSES = TUNING_PROCESSES + REPORT_PROCESSES
 
@@ -75,6 +77,18 @@ class _Flash:
         self.hot = np.where(starts, np.log(self.rng.uniform(3.0, 20.0, size=shape)), self.hot)
         self.noise = 0.9 * self.noise + 0.05 * self.rng.normal(size=shape)
         return self.base + self.hot + self.noise
+
+
+class _Groups:
+    def __init__(self, rng, n_l, n_e, groups=8):
+        self.rng = rng
+        self.base = rng.normal(size=(n_l, n_e)) * rng.uniform(0.4, 1.0, size=(n_l, 1))
+        self.group = rng.integers(0, groups, size=(n_l, n_e))
+        self.activity = np.zeros((n_l, groups))
+
+    def next(self):
+        self.activity = 0.7 * self.activity + 0.35 * self.rng.normal(size=self.activity.shape)
+        return self.base + np.take_along_axis(self.activity, self.group, axis=1)
 
 
 class _Correlated:
@@ -130,8 +144,8 @@ class _Trace:
         return np.log(p)
 
 
-_KINDS = {"walk": _Walk, "regime": _Regime, "flash": _Flash, "correlated": _Correlated,
-          "heavy": _Heavy, "trace": _Trace}
+_KINDS = {"walk": _Walk, "regime": _Regime, "flash": _Flash, "groups": _Groups,
+          "correlated": _Correlated, "heavy": _Heavy, "trace": _Trace}
 
 
 def generate_process(name: str, num_layers: int, num_experts: int, picks: int,
