@@ -3,14 +3,15 @@
 Before it builds an engine, vLLM inspects the model class of the checkpoint's architecture
 (`ModelRegistry._try_inspect_model_cls`). On a miss in its cache ($VLLM_CACHE_ROOT/
 modelinfos, one file per class) it does so in a fresh interpreter that imports vLLM and
-torch: ~12 s of CPU per architecture on this machine, and the suite loads ~40 of them. A
-machine that ran the suite before has them cached; a fresh CI machine paid each one on the
-suite's critical path. Here one background process, started when collection ends
-(tests/conftest.py), imports vLLM once and fills the cache for :data:`ARCHITECTURES` through
-vLLM's own inspection and cache writer, with the per-class interpreter replaced by a call in
-that process (its reason, not initialising CUDA in the caller, does not arise in a process
-that only inspects). The engines then find every entry cached, as on a warm machine. An
-architecture missing from the list is inspected as before (only slower).
+torch: ~12 s of CPU per architecture on this machine. A machine that ran the suite before
+has them cached; a fresh CI machine paid each of the suite's 31 architectures (measured
+2026-12-07) on its critical path, the test waiting. Here one background process, started
+when collection ends (tests/conftest.py), imports vLLM once and fills the cache for
+:data:`ARCHITECTURES` (13 s for 30) through vLLM's own inspection and cache writer, with
+the per-class interpreter replaced by a call in that process (its reason, not initialising
+CUDA in the caller, does not arise in a process that only inspects). The engines then find
+every entry cached, as on a warm machine. An architecture missing from the list is
+inspected as before (only slower).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ ARCHITECTURES = (
     "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM", "DeepseekV2ForCausalLM",
     "MiniMaxM2ForCausalLM", "DeepseekV32ForCausalLM", "GraniteMoeHybridForCausalLM",
     "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen2_5_VLForConditionalGeneration",
-    "LlavaForConditionalGeneration",
+    "LlavaForConditionalGeneration", "TransformersForSequenceClassification",
 )
 
 
