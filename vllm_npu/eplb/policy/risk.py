@@ -38,7 +38,8 @@ def risk_descent(slots: np.ndarray, sub: np.ndarray, guard: np.ndarray, limit: n
     sub-window; ``guard`` ``[G, E]``: per-replica loads whose rank loads must stay at or
     below ``limit[g]``. A swap takes the riskiest rank's risk and its partner's below the
     riskiest's by ``min_gain`` (relative): the largest risk never rises, and ties at the top
-    are worked off one rank at a time.
+    are worked off one rank at a time. Partners are ranks already less risky than the
+    riskiest (a pruning: two ranks tied at the top are not swapped with each other).
     Returns the swaps made."""
     d_count, s_count = slots.shape
     t_count, e_count = sub.shape
