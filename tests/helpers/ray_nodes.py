@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.helpers.server import FORK
+
 VENV_BIN = os.path.dirname(sys.executable)
 _SEQ = itertools.count()
 REPO = str(Path(__file__).resolve().parents[2])
@@ -50,6 +52,9 @@ class Node:
             "NPU_SIM_DEVICE_COUNT": str(self.npus), "RAY_USAGE_STATS_ENABLED": "0",
             # the node's own interface, as docs/parallelism.md asks of every node
             "VLLM_HOST_IP": self.ip, "HCCL_IF_IP": self.ip, "GLOO_SOCKET_IFNAME": self.ifname,
+            # the engine core forks from `vllm serve` (its Ray workers are actors either
+            # way), as in the other served tests: tests/helpers/server.py says why
+            **FORK,
         })
         env.update(extra or {})
         return env
