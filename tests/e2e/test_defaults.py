@@ -3,10 +3,11 @@
 Every other engine test pins small batches (tests/helpers/engine.make_llm: 64 batched
 tokens, 16 sequences, 10 KV blocks) to stay fast; this is how a graph-mode failure that
 every user with default settings met went unseen. Here the architecture families (dense:
-Llama; MLA with MoE + EP: DeepSeek-V3's shape, TP=2) run with nothing but the dtype and
-the parallel layout set: vLLM's default scheduler (256 sequences, 8,192 batched tokens,
-chunked prefill, prefix caching), the platform's default block size and graph mode
-(FULL_DECODE_ONLY, decode graphs up to 256 requests), the default KV budget — and 132
+Llama; MLA with MoE + EP: DeepSeek-V3's shape, TP=2, with the EPLB runtime moving experts
+as the workload runs) run with nothing but the dtype, the parallel layout and EPLB set:
+vLLM's default scheduler (256 sequences, 8,192 batched tokens, chunked prefill, prefix
+caching), the platform's default block size and graph mode (FULL_DECODE_ONLY, decode
+graphs up to 256 requests), the default KV budget — and 132
 concurrent requests: prompts from 1 to 4,000 tokens (past the 2,048-token compressed
 causal mask, the long ones over prefill chunks shared with other requests), eight of them
 behind one 1,000-token shared prefix (prefix-cache hits), and 10 to 22 new tokens each:
@@ -29,6 +30,7 @@ import pytest
 import torch
 
 from tests.helpers.engine import shutdown, vocab
+from tests.helpers.eplb_state import check_ranks_agree, worker_eplb_state
 from tests.helpers.reference import hf_greedy, random_prompt
 from vllm_npu.compilation.acl_graph import ACLGraphWrapper
 from vllm_npu.ops.sim import linear as sim_linear
@@ -38,10 +40,13 @@ MAX_LEN = 4096  # the models' max_position_embeddings: vLLM's default max_model_
 FAMILIES = {  # name -> (tiny model, engine arguments beyond the dtype)
     "dense": (dict(arch="llama"), {}),
     # DeepSeek-V3's shape: MLA, a dense first layer, then routed + shared experts; TP=2 with
-    # the experts over 2 EP ranks
+    # the experts over 2 EP ranks, and the EPLB runtime moving them while the workload runs
+    # (vLLM's EPLB defaults but for a short step interval: the workload is ~60 steps)
     "mla-moe-ep": (dict(arch="deepseek_v3", **DEEPSEEK_V3_MOE),
                    dict(tensor_parallel_size=2, enable_expert_parallel=True,
-                        distributed_executor_backend="mp")),
+                        distributed_executor_backend="mp", enable_eplb=True,
+                        eplb_config=dict(num_redundant_experts=2, step_interval=12,
+                                         window_size=8))),
 }
 
 _ONEDNN = sim_linear._onednn  # whether this torch has oneDNN's linear (the unpatched check)
@@ -114,9 +119,12 @@ def run(request, tmp_path_factory, parity_dtype):
             outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params,
                                 use_tqdm=False)
         config = llm.llm_engine.vllm_config
+        # (the plugin's runtime takes EPLB over: vLLM's own flag reads False by now)
+        eplb = llm.collective_rpc(worker_eplb_state) if FAMILIES[family][1].get("enable_eplb") \
+            else None
         yield dict(path=path, prompts=prompts, max_tokens=max_tokens, config=config,
                    steps=log.steps, sizes=_replayed_sizes(llm), onednn=len(onednn),
-                   got=[list(o.outputs[0].token_ids) for o in outs])
+                   got=[list(o.outputs[0].token_ids) for o in outs], eplb=eplb)
     finally:
         shutdown(llm)
 
@@ -163,3 +171,16 @@ def test_every_request_gives_hf_tokens(run, single_torch_thread):
              in enumerate(zip(run["prompts"], run["got"], expected)) if got != want]
     assert not wrong, \
         f"{len(wrong)} of {len(expected)} requests differ, (index, length): {wrong[:10]}"
+
+
+@pytest.mark.parametrize("run", [f for f, (_, kw) in FAMILIES.items() if kw.get("enable_eplb")],
+                         indirect=True)
+def test_experts_move_under_the_defaults(run):
+    """The EPLB runtime rebalanced during the workload (full prefill chunks, decode graphs
+    replayed): experts moved, every rank holds the same placement and, in every slot, the
+    checkpoint weights of the expert its map names (the tokens are checked against HF
+    above)."""
+    check_ranks_agree(run["eplb"])
+    history = run["eplb"][0]["history"]
+    assert len(history) >= 2 and sum(h[4] for h in history) > 0, history
+    assert not any(h[5] for h in history), history  # nothing rolled back

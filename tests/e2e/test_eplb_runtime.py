@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.engine import generate, make_llm, shutdown, vocab
+from tests.helpers.eplb_state import check_ranks_agree, worker_eplb_state
 from tests.helpers.reference import hf_greedy, random_prompt
 from tests.helpers.server import complete, serve
 from vllm_npu.moe.expert_map import load_placement
@@ -35,53 +36,13 @@ def _prompts(path: str) -> list[list[int]]:
     return [random_prompt(1, 5, v), random_prompt(2, 90, v), random_prompt(3, 30, v)]
 
 
-def _worker_eplb(worker) -> dict:
-    """The updator's record, and whether every local slot holds exactly the checkpoint
-    weights of the logical expert its layer's map names."""
-    import glob
-    import os
-
-    import torch
-    from safetensors import safe_open
-
-    updator = worker.model_runner.npu_eplb
-    tensors = {}
-    for f in glob.glob(os.path.join(worker.model_config.model, "*.safetensors")):
-        with safe_open(f, "pt") as st:
-            tensors.update({k: st.get_tensor(k) for k in st.keys() if ".experts." in k})
-    consistent = {}
-    for view in updator.views:
-        w13, w2 = view.weights
-        prefix = f"model.layers.{view.layer_id}.mlp.experts"
-        ok = True
-        for slot, e in enumerate(view.method._local):
-            gate, up, down = (tensors[f"{prefix}.{e}.{n}_proj.weight"]
-                              for n in ("gate", "up", "down"))
-            # the checkpoint in the model's dtype: what loading it gives
-            ok &= torch.equal(w13[slot], torch.cat([gate, up]).to(w13.dtype)) \
-                and torch.equal(w2[slot], down.to(w2.dtype))
-        consistent[view.layer_id] = ok
-    return {"history": [(r.index, r.balancedness_before, r.balancedness_after,
-                         r.layers_moved, r.experts_moved, r.rolled_back, r.step)
-                        for r in updator.history],
-            "balancedness": list(updator.balancedness_log),
-            "placements": {v.layer_id: v.placement.phy2log for v in updator.views},
-            "consistent": consistent}
-
-
-def _check_ranks_agree(states: list[dict]) -> None:
-    assert all(s["consistent"] and all(s["consistent"].values()) for s in states), states
-    assert all(s["placements"] == states[0]["placements"] for s in states)
-    assert all(s["history"] == states[0]["history"] for s in states)
-
-
 def _generate_and_states(path: str, dtype: str, runs: list, **overrides):
     """In the engine host: greedy tokens of each (prompts, max_tokens) run on one TP=2 + EP
     + EPLB engine, then every worker's EPLB state."""
     llm = make_llm(path, dtype, **MP, **EPLB, **overrides)
     try:
         outs = [generate(llm, prompts, n) for prompts, n in runs]
-        return outs, llm.collective_rpc(_worker_eplb)
+        return outs, llm.collective_rpc(worker_eplb_state)
     finally:
         shutdown(llm)
 
@@ -94,7 +55,7 @@ def test_rebalancing_during_generate_keeps_hf_tokens(models, parity_dtype, model
     (got,), states = engine_host.run(_generate_and_states, path, parity_dtype,
                                      [(prompts, 24)])
     assert got == [hf_greedy(path, p, 24) for p in prompts]
-    _check_ranks_agree(states)
+    check_ranks_agree(states)
     history = states[0]["history"]
     assert len(history) >= 3 and sum(h[4] for h in history) > 0, history
     assert "EPLB rebalance #3: balancedness" in engine_host.log_since(mark)
@@ -123,7 +84,7 @@ def test_failed_transfers_roll_back_and_serving_goes_on(models, parity_dtype, en
                            "moe": {"export_expert_map_path": str(exported)}})
     assert first == [hf_greedy(path, p, 24) for p in prompts]
     assert second == [hf_greedy(path, prompts[0], 12)]
-    _check_ranks_agree(states)
+    check_ranks_agree(states)
     rolled = {}
     for h in states[0]["history"]:
         rolled.update(h[5])
