@@ -363,9 +363,11 @@ def report(args, samples, born, tally, idle, first, last, rebalances, faults, ro
     if tally.stuck:
         problems.append(f"stuck requests: {tally.stuck}")
     # A malformed request gets its 4xx from the router or the instance that validates it;
-    # while that instance is away (a fault), the router's 503.
+    # while an instance is away (a fault), the router's 503, or its 502 when the decode half
+    # died under the request before the prefill half refused it (both halves start at once).
+    # Like every error, these must overlap a fault (below).
     odd = {o for o in outcomes if o not in ("ok", "left", "refused", "error event", "cut",
-                                            "malformed answered 503")
+                                            "malformed answered 502", "malformed answered 503")
            and not o.startswith(("error ", "connection"))}
     if odd:
         problems.append(f"unexpected outcomes: {odd}")
