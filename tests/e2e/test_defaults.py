@@ -41,7 +41,8 @@ FAMILIES = {  # name -> (tiny model, engine arguments beyond the dtype)
     "dense": (dict(arch="llama"), {}),
     # DeepSeek-V3's shape: MLA, a dense first layer, then routed + shared experts; TP=2 with
     # the experts over 2 EP ranks, and the EPLB runtime moving them while the workload runs
-    # (vLLM's EPLB defaults but for a short step interval: the workload is ~60 steps)
+    # (2 redundant experts; a window and step interval short enough that the workload
+    # rebalances twice, where vLLM's defaults would wait 3,000 steps)
     "mla-moe-ep": (dict(arch="deepseek_v3", **DEEPSEEK_V3_MOE),
                    dict(tensor_parallel_size=2, enable_expert_parallel=True,
                         distributed_executor_backend="mp", enable_eplb=True,
