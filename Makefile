@@ -31,8 +31,11 @@ pd-demo: model
 	$(PY) -m vllm_npu.disagg.launch $(MODEL) --host $(HOST) --port $(PORT) -- \
 		--served-model-name tiny-llama $(SERVE_ARGS)
 
+# Two pytest-xdist workers share the suite (tests/helpers/scheduling.py); TEST_WORKERS=0
+# runs it in this one process.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # vLLM 0.33.0's own tests against the plugin, per upstream_tests/allowlist.yaml (one process
 # per file); UPSTREAM=ci runs the slice .ci/run includes. See docs/upstream_tests.md.

@@ -11,6 +11,17 @@ os.environ["VLLM_HOST_IP"] = "127.0.0.1"
 # No usage reports: each engine would start a thread posting to vLLM's stats server.
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
+# Under `pytest -n N` (make test runs two workers: tests/helpers/scheduling.py) each worker
+# and what it starts computes with its share of the cores, as ranks sharing a host do: the
+# simulated NPU's threads (NPU_SIM_CORES, vllm_npu/ops/sim/cores.py; inherited by servers
+# and engine workers) and torch's intra-op threads in the worker (set by
+# _freeze_the_imports). Both at the host's default, the two workers' engines oversubscribed
+# the cores: the suite took 1,638 s, not 1,473 s (one cold run each, 2026-12-07).
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+CORE_SHARE = max(1, len(os.sched_getaffinity(0)) // WORKERS)
+if WORKERS > 1:
+    os.environ.setdefault("NPU_SIM_CORES", str(CORE_SHARE))
+
 import gc  # noqa: E402
 
 import pytest  # noqa: E402
@@ -32,8 +43,12 @@ gc.freeze = gc.unfreeze = lambda: None
 @pytest.fixture(scope="session", autouse=True)
 def _freeze_the_imports():
     """The libraries every engine test imports, loaded and frozen before the first test."""
+    import torch
     import transformers  # noqa: F401
     import vllm.entrypoints.llm  # noqa: F401
+
+    if WORKERS > 1:
+        torch.set_num_threads(CORE_SHARE)
 
     _RESTORE_HF_CONFIGS.append(_pristine_hf_config_registry())
     gc.collect()
@@ -91,8 +106,24 @@ def _worker_start_method_per_test():
 @pytest.fixture(scope="module", autouse=True)
 def _freeze_what_survives_each_module():
     yield
+    _no_engine_state_left()
     gc.collect()
     REAL_GC_FREEZE()
+
+
+def _no_engine_state_left() -> None:
+    """The next module starts without an in-process engine's process groups: an engine
+    that failed to start, or was never shut down, leaves them, and the next engine of this
+    process reuses them as they are (a MoE model then finds no expert-parallel group). The
+    order of modules differs between the workers of `pytest -n`."""
+    import sys
+
+    state = sys.modules.get("vllm.distributed.parallel_state")
+    if state is not None and (state.model_parallel_is_initialized()
+                              or state._WORLD is not None):
+        from vllm.distributed import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
 
 
 @pytest.fixture
@@ -169,12 +200,47 @@ _tail: list[str | None] = [None]  # node id of the first test of the single-thre
 _prefill: list = []  # the process filling vLLM's model-info cache (tests/helpers/model_info.py)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from tests.helpers.scheduling import FileScheduling
+
+    return FileScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    if WORKERS > 1:  # the order in which the workers get the files (tests/helpers/scheduling.py)
+        from tests.helpers.scheduling import order
+
+        order(items)
+
+
+def pytest_configure(config):
+    from tests.helpers import background
+
+    if background.parallel_controller(config):
+        from vllm_npu.device import select_backend
+
+        if not select_backend().simulated:  # each worker's engines would take every NPU
+            raise pytest.UsageError(
+                f"-n {config.option.numprocesses}: on NPUs the suite runs in one process "
+                "(make test TEST_WORKERS=0); parallel workers are for the simulated NPU")
+
+
+def pytest_sessionstart(session):
+    from tests.helpers import background
+
+    if background.parallel_controller(session.config):
+        background.tell_the_tail_file()  # no single-threaded tail: what waits for it can start
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session):
     from tests.helpers import background
 
     if not session.config.option.collectonly:
         _tail[0] = background.tail_start([item.nodeid for item in session.items])
+        if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+            return  # one worker fills the shared cache
         if any(item.nodeid.startswith(background.ENGINE_DIRS) for item in session.items):
             from tests.helpers import model_info
 

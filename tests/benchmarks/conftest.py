@@ -7,7 +7,9 @@ background.py); its test is moved to the end of the run and checks what the soak
 (waiting for it if need be). A run that never reaches that test stops it at the session's
 end. The other scripts start at collection, two at a time (each kept ~1.2 of the two
 cores busy: 129 s one after another at 59% of the machine), and their tests take the
-results in order.
+results in order. Under make test's two xdist workers all of them start when the worker
+that took this file runs its first test (it is handed out first: tests/helpers/
+scheduling.py).
 """
 from __future__ import annotations
 

@@ -67,7 +67,9 @@ def test_replayed_aten_ops_write_their_captured_outputs_in_place(monkeypatch):
     copy of their input into it; an op with neither runs and is copied in. `linear` and a
     `contiguous` run as launches prepared at capture (the native copy: no dtype change),
     a converting `to` through `_copy_replay`. Results equal a fresh eager run either way.
-    (Inference mode, as the engine captures: `linear` stays one op.)"""
+    (Inference mode, as the engine captures: `linear` stays one op.) Two device cores, as
+    on any multi-core host (one core runs `linear` through aten instead)."""
+    monkeypatch.setattr(sim_linear.cores, "device_cores", lambda: 2)
     x, w, b = torch.randn(5, 8), torch.randn(6, 8), torch.randn(6)
 
     def forward():
@@ -189,16 +191,19 @@ def test_replayed_row_ops_write_their_captured_outputs_in_place(monkeypatch):
         assert len(copies) == copied, dtype
 
 
-def test_prepared_launches_run_as_one_program_and_follow_memory_that_moved(mocker):
+def test_prepared_launches_run_as_one_program_and_follow_memory_that_moved(mocker,
+                                                                           monkeypatch):
     """Consecutive entries with prepared launches replay as one native call (one
     program); a weight whose storage moved since capture (sleep mode frees and restores
     storages in place, worker/sleep.py) is prepared again from the entry's tensors, and
-    one smaller than at capture is refused before any kernel runs."""
+    one smaller than at capture is refused before any kernel runs. (Two device cores:
+    `linear` is a prepared launch only on more than one.)"""
     from vllm_npu.ops import sim
     from vllm_npu.ops.sim import native
 
     if native.library() is None:
         pytest.skip("no native kernels library (install without a C compiler)")
+    monkeypatch.setattr(sim_linear.cores, "device_cores", lambda: 2)
     x, gamma = torch.randn(16, 32), torch.randn(32)
     w = torch.randn(24, 32)
 

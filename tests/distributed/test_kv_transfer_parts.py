@@ -215,10 +215,15 @@ def test_nixl_is_refused_when_the_engine_starts(tiny_models):
     simulated NPU that was a TypeError from the CPU platform's NUMA discovery)."""
     from vllm import LLM
 
-    with pytest.raises(ValueError, match="kv_connector 'NixlConnector' does not run on the "
-                                         "NPU: NIXL registers no NPU memory.*MooncakeConnector"):
-        LLM(tiny_models["llama"], enforce_eager=True, max_model_len=128,
-            kv_transfer_config={"kv_connector": "NixlConnector", "kv_role": "kv_both"})
+    try:
+        with pytest.raises(ValueError, match="kv_connector 'NixlConnector' does not run on "
+                           "the NPU: NIXL registers no NPU memory.*MooncakeConnector"):
+            LLM(tiny_models["llama"], enforce_eager=True, max_model_len=128,
+                kv_transfer_config={"kv_connector": "NixlConnector", "kv_role": "kv_both"})
+    finally:  # the engine stopped half-started, in this process: its groups stay behind
+        from vllm.distributed import cleanup_dist_env_and_memory  # (as the plugin patched it)
+
+        cleanup_dist_env_and_memory()
 
 
 # ---- the router --------------------------------------------------------------------------
