@@ -17,10 +17,15 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 # and engine workers) and torch's intra-op threads in the worker (set by
 # _freeze_the_imports). Both at the host's default, the two workers' engines oversubscribed
 # the cores: the suite took 1,638 s, not 1,473 s (one cold run each, 2026-12-07).
+# And each simulated NPU has 2 GiB, not the simulator's default 4: an engine's KV cache
+# takes 0.92 of it (gpu_memory_utilization) and is zeroed, so host memory. Two workers'
+# served engines at 4 GiB reached 22 GB of this 24 GB machine and the kernel killed a DP
+# worker of test_moe_parity (measured 2026-12-07); tests that size memory set their own.
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 CORE_SHARE = max(1, len(os.sched_getaffinity(0)) // WORKERS)
 if WORKERS > 1:
     os.environ.setdefault("NPU_SIM_CORES", str(CORE_SHARE))
+    os.environ.setdefault("NPU_SIM_MEMORY_GB", "2")
 
 import gc  # noqa: E402
 

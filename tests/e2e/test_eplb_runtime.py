@@ -1,5 +1,5 @@
 """EPLB while serving on the simulated NPU: experts move between EP ranks during one
-`generate` (TP=2 + EP, decode graphs captured) and under `vllm serve` with DP=2 + EP, and
+`generate` (TP=2 + EP, decode graphs captured, or piecewise and decode graphs) and under `vllm serve` with DP=2 + EP, and
 the greedy tokens stay HF's. A skewed router is balanced; a failed weight transfer is
 rolled back with every slot still holding the expert its map names. The in-process engines
 run in the engine host (tests/helpers/engine_host.py), whose log holds what they logged."""
@@ -47,16 +47,23 @@ def _generate_and_states(path: str, dtype: str, runs: list, **overrides):
         shutdown(llm)
 
 
-@pytest.mark.parametrize("model", list(MODELS))
-def test_rebalancing_during_generate_keeps_hf_tokens(models, parity_dtype, model, engine_host):
+@pytest.mark.parametrize("model,graphs", [
+    ("qwen3_moe", None), ("dsv3_moe_skewed", None),  # the platform's default graphs
+    # piecewise graphs around the attention ops (the MoE layers inside them) for mixed
+    # batches too, full graphs for decode batches
+    ("qwen3_moe", "FULL_AND_PIECEWISE")], ids=["qwen3_moe", "dsv3_moe_skewed",
+                                               "qwen3_moe-FULL_AND_PIECEWISE"])
+def test_rebalancing_during_generate_keeps_hf_tokens(models, parity_dtype, model, graphs,
+                                                     engine_host):
     path = models[model]
     prompts = _prompts(path)
     mark = engine_host.log_offset()
     # ~42 steps: a rebalance cycle takes 4 steps of collection, one or more while the plan
     # is computed (on a thread: more under load), then the migration (~6 in all); 3 or more
     # cycles fit with room for slow plans
+    overrides = {} if graphs is None else {"compilation_config": {"cudagraph_mode": graphs}}
     (got,), states = engine_host.run(_generate_and_states, path, parity_dtype,
-                                     [(prompts, 40)])
+                                     [(prompts, 40)], **overrides)
     assert got == [hf_greedy(path, p, 40) for p in prompts]
     check_ranks_agree(states)
     history = states[0]["history"]
