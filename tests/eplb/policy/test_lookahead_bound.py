@@ -72,27 +72,28 @@ def test_pigeonhole_counts_fix_a_heavy_head() -> None:
     candidates = pigeonhole_counts(load, 64, 5, upper=water * lb)
     assert candidates and all(c.sum() == 320 and c.min() >= 1 and c.max() <= 64
                               for c in candidates)
-    # (the risk descent, off here, may trade up to 2% of the seen window for risk)
-    plan = get_policy("lookahead", risk_z=0.0).rebalance(data[0][:, 1:2], 64, 5)
+    # (the risk descent and packing, off here, trade seen-window balance for risk)
+    plan = get_policy("lookahead", risk_z=0.0, risk_pack=0).rebalance(data[0][:, 1:2], 64, 5)
     assert imbalance(load[None], plan, 64, 5)[0] <= 1.01
 
 
 def _next_window_out(family: str, seed: int) -> dict[str, float]:
-    """Mean OUT (next window's max/mean) of our FlashLB and of lookahead (memory off) over
-    3 rebalances on 32 ranks x 9 slots; lookahead's IN (the window it saw) <= 1.025 (its cap
-    1.003 plus the 2% the risk descent may trade)."""
+    """Mean OUT (next window's max/mean) of our FlashLB and of lookahead (memory and risk
+    packing off) over
+    3 rebalances on 32 ranks x 9 slots; lookahead's IN (the window it saw) <= 1.05 (its cap
+    1.003 plus what the risk descent and the risk packing trade for the next window)."""
     cfg = FamilyConfig(family=family, num_ranks=32, num_layers=4, num_windows=3, seed=seed)
     data = generate_family(cfg)
     totals = data.sum(axis=1)
     outs = {}
     for name in ("flashlb", "lookahead"):
-        pol, prev, out = get_policy(name, **({"memory": 0.0} if name == "lookahead"
-                                             else {})), None, []
+        pol, prev, out = get_policy(name, **({"memory": 0.0, "risk_pack": 0}
+                                             if name == "lookahead" else {})), None, []
         for w in range(cfg.num_windows):
             prev = pol.rebalance(data[w], 32, 9, old_phy2log=prev)
             out.append(imbalance(totals[w + 1], prev, 32, 9).mean())
             if name == "lookahead":
-                assert imbalance(totals[w], prev, 32, 9).mean() <= 1.025
+                assert imbalance(totals[w], prev, 32, 9).mean() <= 1.05
         outs[name] = float(np.mean(out))
     return outs
 
@@ -115,9 +116,12 @@ BURSTY_TUNING = pytest.mark.xfail(strict=True, reason="the risk descent spreads 
 def test_lookahead_serves_the_next_window_better_than_flashlb(family: str, seeds: str) -> None:
     """The families whose drift is a walk: OUT (next window) below our FlashLB's, IN <=
     1.02 — on the tuning seed the defaults were chosen on, and on average over the report
-    seeds, which nothing was tuned on. Memory off: this checks the forecast and the
-    scenario descent alone (memory needs more windows; see the domain test below). (The
-    domain family jumps to a new mix at random: no window predicts it.)"""
+    seeds, which nothing was tuned on. Memory and risk packing off: this checks the forecast
+    and the descents alone (memory needs more windows; see the domain test below; the risk
+    packing is checked on the groups process below). (The domain family jumps to a new mix
+    at random: no window predicts it.) With the risk packing on, bursty on the report seeds
+    here (4 layers, no memory) is behind (2026-12-07: 1.4342 vs 1.4162; it spreads bursts
+    that are over), though ahead on them in docs/eplb/processes.md (8 layers, memory on)."""
     runs = [_next_window_out(family, s)
             for s in (TUNING_SEEDS[:1] if seeds == "tuning" else REPORT_SEEDS)]
     mean = {name: np.mean([r[name] for r in runs]) for name in runs[0]}
@@ -220,13 +224,14 @@ def test_lookahead_memory_hedges_domain_jumps(seed: int) -> None:
     shares (the ``history`` the caller hands in) lowers the next window's peak; the
     instance itself keeps nothing. (Report seeds measured 2026-12-05: memory 0 -> 0.3 gives
     1.490 -> 1.439, 1.194 -> 1.162, 1.458 -> 1.451, 1.356 -> 1.351, 1.478 -> 1.413.) Counts
-    unhedged (temper 1) and no risk descent, to see memory alone: with both on (the
-    defaults) it gains on 5 of these 6 seeds (2026-12-07; seed 105: 1.4244 -> 1.4260)."""
+    unhedged (temper 1), no risk descent or packing, to see memory alone: with all on (the
+    defaults) it gains on 4 of these 6 seeds (2026-12-07: 1.3727 -> 1.3460, 1.4136 ->
+    1.4293, 1.1999 -> 1.1768, 1.5009 -> 1.4044, 1.3598 -> 1.3366, 1.4125 -> 1.4387)."""
     cfg = FamilyConfig(family="domain", num_ranks=32, num_layers=6, num_windows=6, seed=seed)
     data = generate_family(cfg)
     totals = data.sum(axis=1)
     outs = {}
-    alone = dict(memory=0.3, temper=1.0, risk_z=0.0)
+    alone = dict(memory=0.3, temper=1.0, risk_z=0.0, risk_pack=0)
     pol = LookaheadPolicy(**alone)
     for memory in (0.0, 0.3):
         prev, out = None, []
@@ -270,3 +275,25 @@ def test_a_deadline_leaves_layers_their_quick_plan() -> None:
     # an old plan no worse on the seen window is the quick plan itself (no moves)
     old = rushed[:, ::-1].copy()  # the same tables, slots reversed: same peaks
     assert np.array_equal(pol.rebalance(data[0], 32, 9, old_phy2log=old, deadline_s=1e-9), old)
+
+
+@pytest.mark.parametrize("seed", TUNING_SEEDS)
+def test_risk_packing_serves_experts_that_rise_together(seed: int) -> None:
+    """The ``groups`` process (experts rising and falling together) at 256 ranks x 2 slots:
+    with the risk packing, lookahead's plans serve the next window better than without it,
+    on every tuning seed (2026-12-07, 4 layers, 3 rebalances: 1.6658 -> 1.5922, 1.7920 ->
+    1.7201, 1.6304 -> 1.5950), and every plan is a valid placement."""
+    from vllm_npu.eplb.policy.validate import check_placement
+
+    cfg = FamilyConfig(family="groups", num_ranks=256, num_layers=4, num_windows=3, seed=seed)
+    data = generate_family(cfg)
+    totals = data.sum(axis=1)
+    outs = {}
+    for risk_pack in (0, 1):
+        pol, prev, out = get_policy("lookahead", risk_pack=risk_pack), None, []
+        for w in range(cfg.num_windows):
+            prev = pol.rebalance(data[w], 256, 2, old_phy2log=prev, history=totals[:w])
+            check_placement(prev, 4, 256, 256, 2, name="plan")
+            out.append(imbalance(totals[w + 1], prev, 256, 2).mean())
+        outs[risk_pack] = np.mean(out)
+    assert outs[1] < outs[0], outs

@@ -1,4 +1,4 @@
-"""Swap descent on each rank's risk over the sub-windows (``lookahead``'s last stage).
+"""Each rank's risk over the sub-windows: a packing, a score and a swap descent (``lookahead``).
 
 A rank's load in the next window is uncertain, and more so when the experts it holds rise
 and fall together. Over the ``T`` sub-windows of the seen window a rank ``d`` has loads
@@ -8,6 +8,10 @@ turns). The descent lowers the largest risk by swapping a slot of that rank with
 another, never letting a guard scenario (the seen window, the forecast) rise above its
 limit. ``z`` = 0.674 (the 75th percentile of a normal) is vllm-ascend FlashLB's default
 (``FlashLBConfig.z_score``), which scores mean + z * std per device likewise.
+
+:func:`risk_pack` builds a table with that risk (an LPT whose cost is the rank's risk, not
+its load), and :func:`sub_window_score` judges a table as FlashLB's ``compute_score``
+does: the mean over sub-windows of the peak rank load over the mean rank load.
 """
 
 from __future__ import annotations
@@ -29,6 +33,89 @@ def _risk(col: np.ndarray, z: float) -> float:
     for t in range(t_count):
         var += (col[t] - mean) ** 2
     return mean + z * np.sqrt(var / t_count)
+
+
+def risk_pack(sub: np.ndarray, weight: np.ndarray, cnt: np.ndarray, num_ranks: int,
+              slots_per_rank: int, z: float) -> np.ndarray:
+    """A ``[D, S]`` table holding ``cnt[e]`` replicas of each expert: replicas by ``weight``
+    (per-replica load), heaviest first (ties by expert id), each on the rank with a free
+    slot, not yet holding its expert, whose risk over ``sub`` ``[T, E]`` (per-replica load
+    in each sub-window) is least once it is added (ties: the lowest rank). Experts that
+    peak together land apart; with ``z`` = 0 and one sub-window this is plain LPT.
+    The order is sorted here, in numpy (numba's stable argsort costs seconds of JIT)."""
+    reps = np.repeat(np.arange(cnt.shape[0]), cnt)
+    order = reps[np.argsort(-weight[reps], kind="stable")]
+    return _risk_pack(np.ascontiguousarray(sub, dtype=np.float64), order, num_ranks,
+                      slots_per_rank, float(z))
+
+
+@njit
+def _risk_pack(sub: np.ndarray, order: np.ndarray, num_ranks: int, slots_per_rank: int,
+               z: float) -> np.ndarray:
+    t_count, e_count = sub.shape
+    slots = np.empty((num_ranks, slots_per_rank), np.int64)
+    fill = np.zeros(num_ranks, np.int64)
+    holds = np.zeros((num_ranks, e_count), np.bool_)
+    loads = np.zeros((num_ranks, t_count))
+    col = np.zeros(t_count)
+    for i in range(order.shape[0]):
+        e = order[i]
+        best = np.inf
+        r = -1
+        for d in range(num_ranks):
+            if fill[d] >= slots_per_rank or holds[d, e]:
+                continue
+            for t in range(t_count):
+                col[t] = loads[d, t] + sub[t, e]
+            v = _risk(col, z)
+            if v < best:
+                best = v
+                r = d
+        if r < 0:  # every rank with room holds e: as packing._place_stuck
+            r = _make_room(e, slots, fill, holds, loads, sub)
+        slots[r, fill[r]] = e
+        fill[r] += 1
+        holds[r, e] = True
+        for t in range(t_count):
+            loads[r, t] += sub[t, e]
+    return slots
+
+
+@njit
+def _make_room(e: int, slots: np.ndarray, fill: np.ndarray, holds: np.ndarray,
+               loads: np.ndarray, sub: np.ndarray) -> int:
+    """A full rank ``x`` lacking ``e`` exists (``e`` has at most ``D`` replicas); move one of
+    its experts that a rank ``y`` with room lacks over to ``y`` (one exists: ``y`` holds
+    ``e`` and ``x`` does not), freeing ``x``'s last slot for ``e``; returns ``x``."""
+    d_count, s_count = slots.shape
+    y = 0
+    while fill[y] >= s_count:
+        y += 1
+    for x in range(d_count):
+        if holds[x, e] or fill[x] < s_count:
+            continue
+        for k in range(s_count):
+            f = slots[x, k]
+            if holds[y, f]:
+                continue
+            slots[y, fill[y]] = f
+            fill[y] += 1
+            holds[y, f] = True
+            holds[x, f] = False
+            slots[x, k] = slots[x, s_count - 1]  # the freed slot becomes the last
+            fill[x] -= 1
+            for t in range(sub.shape[0]):
+                loads[y, t] += sub[t, f]
+                loads[x, t] -= sub[t, f]
+            return x
+    return -1
+
+
+def sub_window_score(slots: np.ndarray, sub: np.ndarray) -> float:
+    """Mean over sub-windows ``sub`` ``[T, E]`` (per-replica loads) of the peak rank load
+    over the mean rank load: vllm-ascend FlashLB's ``compute_score`` (policy_flashlb.py)."""
+    loads = sub[:, slots].sum(axis=2)  # [T, D]
+    return float((loads.max(axis=1) / np.maximum(loads.mean(axis=1), 1e-300)).mean())
 
 
 @njit
