@@ -54,7 +54,7 @@ Per layer, from the ``T`` sub-windows of history:
    kept experts stay in place.
 
 **Anytime** (with a deadline): every layer first gets a quick plan (the hedged counts,
-LPT packing, the risk descent: ~1 ms a layer at 128 x 3; the old table where that is no
+LPT or risk packing, the risk descent: ~3 ms a layer at 128 x 3; the old table where that is no
 worse), then layers are planned in full, worst quick plan first, while the deadline
 allows: a layer is not started when the slowest full plan so far would end past it, and
 keeps its quick plan. Measured (58 layers, 128 x 3, tuning seeds): under the runtime's
@@ -180,9 +180,9 @@ class LookaheadPolicy(Policy):
                ) -> tuple[np.ndarray, np.ndarray]:
         """Every layer's quick plan ``[L, D*S]``: the hedged counts LPT-packed (or
         risk-packed, :meth:`_risk_packed`), then the risk descent (no scenario descent, no
-        count search: ~1-2 ms a layer at 128 x 3); the old table where no worse on the seen
-        window, else the plan aligned to it. And each plan's seen peak / LB, which orders
-        the full plans."""
+        count search: ~3 ms a layer at 128 x 3, ~2 without the risk packing); the old table
+        where no worse on the seen window, else the plan aligned to it. And each plan's seen
+        peak / LB, which orders the full plans."""
         d, s = problem.num_ranks, problem.slots_per_rank
         out = np.empty((problem.num_layers, d * s), np.int64)
         ratio = np.empty(problem.num_layers)

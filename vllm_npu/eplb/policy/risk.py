@@ -57,7 +57,6 @@ def _risk_pack(sub: np.ndarray, order: np.ndarray, num_ranks: int, slots_per_ran
     fill = np.zeros(num_ranks, np.int64)
     holds = np.zeros((num_ranks, e_count), np.bool_)
     loads = np.zeros((num_ranks, t_count))
-    col = np.zeros(t_count)
     for i in range(order.shape[0]):
         e = order[i]
         best = np.inf
@@ -65,9 +64,14 @@ def _risk_pack(sub: np.ndarray, order: np.ndarray, num_ranks: int, slots_per_ran
         for d in range(num_ranks):
             if fill[d] >= slots_per_rank or holds[d, e]:
                 continue
+            s1 = 0.0  # one pass: sum and sum of squares of the rank's loads with e added
+            s2 = 0.0
             for t in range(t_count):
-                col[t] = loads[d, t] + sub[t, e]
-            v = _risk(col, z)
+                x = loads[d, t] + sub[t, e]
+                s1 += x
+                s2 += x * x
+            mean = s1 / t_count
+            v = mean + z * np.sqrt(max(s2 / t_count - mean * mean, 0.0))
             if v < best:
                 best = v
                 r = d
