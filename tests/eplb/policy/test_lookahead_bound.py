@@ -79,9 +79,8 @@ def test_pigeonhole_counts_fix_a_heavy_head() -> None:
 
 def _next_window_out(family: str, seed: int) -> dict[str, float]:
     """Mean OUT (next window's max/mean) of our FlashLB and of lookahead (memory and risk
-    packing off) over
-    3 rebalances on 32 ranks x 9 slots; lookahead's IN (the window it saw) <= 1.05 (its cap
-    1.003 plus what the risk descent and the risk packing trade for the next window)."""
+    packing off) over 3 rebalances on 32 ranks x 9 slots; lookahead's IN (the window it
+    saw) <= 1.05 (its cap 1.003 plus what the risk descent trades for the next window)."""
     cfg = FamilyConfig(family=family, num_ranks=32, num_layers=4, num_windows=3, seed=seed)
     data = generate_family(cfg)
     totals = data.sum(axis=1)

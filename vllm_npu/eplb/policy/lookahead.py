@@ -283,12 +283,7 @@ class LookaheadPolicy(Policy):
                         self.risk_z)
         if wk is not None:
             self._descend(alt, cnt, z, wk)
-
-        def score(t: np.ndarray) -> float:
-            own = np.maximum(np.bincount(t.ravel(), minlength=z.shape[1]), 1)
-            return sub_window_score(t, dev / own)
-
-        return alt if score(alt) < score(table) else table
+        return alt if sub_window_score(alt, dev) < sub_window_score(table, dev) else table
 
     def _risk(self, table: np.ndarray, z: np.ndarray, wk: np.ndarray,
               subs: np.ndarray) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from vllm_npu.eplb.policy._jit import njit
+from vllm_npu.eplb.policy.metrics import rank_loads
 from vllm_npu.eplb.policy.packing import holds_table, swap_slots
 
 
@@ -116,9 +117,11 @@ def _make_room(e: int, slots: np.ndarray, fill: np.ndarray, holds: np.ndarray,
 
 
 def sub_window_score(slots: np.ndarray, sub: np.ndarray) -> float:
-    """Mean over sub-windows ``sub`` ``[T, E]`` (per-replica loads) of the peak rank load
-    over the mean rank load: vllm-ascend FlashLB's ``compute_score`` (policy_flashlb.py)."""
-    loads = sub[:, slots].sum(axis=2)  # [T, D]
+    """Mean over sub-windows ``sub`` ``[T, E]`` (expert loads, split over the table's own
+    replicas) of the peak rank load over the mean rank load: vllm-ascend FlashLB's
+    ``compute_score`` (policy_flashlb.py)."""
+    d = slots.shape[0]
+    loads = rank_loads(sub, np.broadcast_to(slots.ravel(), (sub.shape[0], slots.size)), d)
     return float((loads.max(axis=1) / np.maximum(loads.mean(axis=1), 1e-300)).mean())
 
 
