@@ -15,8 +15,9 @@ per sub-window), so the next window never equals the last. Seeds split in two:
 :data:`TUNING_SEEDS` choose defaults, :data:`REPORT_SEEDS` give headline numbers.
 
 :mod:`benchmarks.eplb.processes` adds other kinds of drift under the same config; of
-those only ``walk`` and ``flash`` were used to choose defaults (:data:`TUNED_ON` lists
-every family and process defaults may be chosen on; the rest only report).
+those only :data:`~benchmarks.eplb.processes.TUNING_PROCESSES` were used to choose defaults
+(:data:`TUNED_ON` lists every family and process defaults may be chosen on; the rest only
+report).
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ walks around a fixed base, plus domain jumps or short bursts)::
     flash       experts turn hot (x3 to x20) for about a window and a half, then cool off
     groups      experts rise and fall together: eight random groups, each with its own
                 activity moving sub-window to sub-window (AR(1)), over a fixed base
+    steady      nothing drifts: a fixed log-normal base under noise that forgets within a
+                few sub-windows (AR(1), persistence 0.5), so the recent past predicts the
+                next window no better than the long-run mix
     correlated  layers share their hot sets: one latent popularity per expert index, with
                 its own drift, drives every layer (weight 0.6-0.95 per layer)
     heavy       heavy tails: Pareto popularity, the top expert of a layer near 10x its share
@@ -32,7 +35,7 @@ import numpy as np
 
 from benchmarks.eplb.workload import _capped_probs
 
-TUNING_PROCESSES = ("walk", "flash", "groups")
+TUNING_PROCESSES = ("walk", "flash", "groups", "steady")
 REPORT_PROCESSES = ("regime", "correlated", "heavy", "trace")
 PROCESSES = TUNING_PROCESSES + REPORT_PROCESSES
 
@@ -91,6 +94,17 @@ class _Groups:
         return self.base + np.take_along_axis(self.activity, self.group, axis=1)
 
 
+class _Steady:
+    def __init__(self, rng, n_l, n_e):
+        self.rng = rng
+        self.base = rng.normal(size=(n_l, n_e)) * rng.uniform(0.5, 1.3, size=(n_l, 1))
+        self.noise = np.zeros((n_l, n_e))
+
+    def next(self):
+        self.noise = 0.5 * self.noise + 0.3 * self.rng.normal(size=self.noise.shape)
+        return self.base + self.noise
+
+
 class _Correlated:
     def __init__(self, rng, n_l, n_e):
         self.rng = rng
@@ -145,7 +159,7 @@ class _Trace:
 
 
 _KINDS = {"walk": _Walk, "regime": _Regime, "flash": _Flash, "groups": _Groups,
-          "correlated": _Correlated, "heavy": _Heavy, "trace": _Trace}
+          "steady": _Steady, "correlated": _Correlated, "heavy": _Heavy, "trace": _Trace}
 
 
 def generate_process(name: str, num_layers: int, num_experts: int, picks: int,

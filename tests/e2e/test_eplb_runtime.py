@@ -1,5 +1,6 @@
 """EPLB while serving on the simulated NPU: experts move between EP ranks during one
-`generate` (TP=2 + EP, decode graphs captured, or piecewise and decode graphs) and under `vllm serve` with DP=2 + EP, and
+`generate` (TP=2 + EP, decode graphs captured, or piecewise and decode graphs at vLLM's
+default batch sizes) and under `vllm serve` with DP=2 + EP, and
 the greedy tokens stay HF's. A skewed router is balanced; a failed weight transfer is
 rolled back with every slot still holding the expert its map names. The in-process engines
 run in the engine host (tests/helpers/engine_host.py), whose log holds what they logged."""
@@ -36,23 +37,42 @@ def _prompts(path: str) -> list[list[int]]:
     return [random_prompt(1, 5, v), random_prompt(2, 90, v), random_prompt(3, 30, v)]
 
 
+def _graph_facts(worker) -> dict:
+    """A worker's scheduler limits, graph capture sizes and graph replays per batch size."""
+    from vllm_npu.compilation.acl_graph import ACLGraphWrapper
+
+    config = worker.vllm_config
+    return {"batched_tokens": config.scheduler_config.max_num_batched_tokens,
+            "max_capture": config.compilation_config.max_cudagraph_capture_size,
+            "replayed": dict(ACLGraphWrapper.stats.replayed_sizes)}
+
+
 def _generate_and_states(path: str, dtype: str, runs: list, **overrides):
     """In the engine host: greedy tokens of each (prompts, max_tokens) run on one TP=2 + EP
-    + EPLB engine, then every worker's EPLB state."""
+    + EPLB engine, then every worker's EPLB state (with its graph facts)."""
     llm = make_llm(path, dtype, **MP, **EPLB, **overrides)
     try:
         outs = [generate(llm, prompts, n) for prompts, n in runs]
-        return outs, llm.collective_rpc(worker_eplb_state)
+        states = llm.collective_rpc(worker_eplb_state)
+        for state, facts in zip(states, llm.collective_rpc(_graph_facts)):
+            state["graphs"] = facts
+        return outs, states
     finally:
         shutdown(llm)
+
+
+# vLLM's own scheduler defaults (256 sequences, 8,192 batched tokens) in place of the
+# helpers' 64-token batches: the graph sizes reach 512, and the three prompts are prefilled
+# in one batch
+DEFAULT_BATCHES = dict(max_num_seqs=None, max_num_batched_tokens=None)
 
 
 @pytest.mark.parametrize("model,graphs", [
     ("qwen3_moe", None), ("dsv3_moe_skewed", None),  # the platform's default graphs
     # piecewise graphs around the attention ops (the MoE layers inside them) for mixed
-    # batches too, full graphs for decode batches
+    # batches too, full graphs for decode batches, at vLLM's default batch sizes
     ("qwen3_moe", "FULL_AND_PIECEWISE")], ids=["qwen3_moe", "dsv3_moe_skewed",
-                                               "qwen3_moe-FULL_AND_PIECEWISE"])
+                                               "qwen3_moe-FULL_AND_PIECEWISE-defaults"])
 def test_rebalancing_during_generate_keeps_hf_tokens(models, parity_dtype, model, graphs,
                                                      engine_host):
     path = models[model]
@@ -61,7 +81,8 @@ def test_rebalancing_during_generate_keeps_hf_tokens(models, parity_dtype, model
     # ~42 steps: a rebalance cycle takes 4 steps of collection, one or more while the plan
     # is computed (on a thread: more under load), then the migration (~6 in all); 3 or more
     # cycles fit with room for slow plans
-    overrides = {} if graphs is None else {"compilation_config": {"cudagraph_mode": graphs}}
+    overrides = {} if graphs is None else {"compilation_config": {"cudagraph_mode": graphs},
+                                           **DEFAULT_BATCHES}
     (got,), states = engine_host.run(_generate_and_states, path, parity_dtype,
                                      [(prompts, 40)], **overrides)
     assert got == [hf_greedy(path, p, 40) for p in prompts]
@@ -69,6 +90,10 @@ def test_rebalancing_during_generate_keeps_hf_tokens(models, parity_dtype, model
     history = states[0]["history"]
     assert len(history) >= 3 and sum(h[4] for h in history) > 0, history
     assert "EPLB rebalance #3: balancedness" in engine_host.log_since(mark)
+    if graphs is not None:  # vLLM's defaults reached the workers, and the 125-token prefill
+        facts = states[0]["graphs"]  # ran as one piecewise graph (padded to 128)
+        assert facts["batched_tokens"] == 8192 and facts["max_capture"] == 512, facts
+        assert any(n >= sum(map(len, prompts)) for n in facts["replayed"]), facts
     if model == "dsv3_moe_skewed":
         _, before, after, *_ = history[0]
         assert before < 0.7 and after > 0.9, history[0]
