@@ -4,7 +4,11 @@ README's multi-node lines as written. Then data + expert parallelism across the 
 README's TP-within / PP-across server, and a worker node lost mid-request."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
 import threading
 import time
 
@@ -44,12 +48,25 @@ def cluster(tiny_models):
         yield hosts, recipe, steps[-1]
 
 
-def _stop(server) -> None:
+def _stop(server, node) -> None:
+    """Stop `vllm serve` and wait until nothing on `node` listens on its port any more: its
+    API server processes (one per DP rank) share the socket and may outlive the parent (a
+    later server on the port once failed with "Address already in use" 13 s after the last
+    one had logged its shutdown)."""
     server.terminate()
     try:
         server.wait(timeout=60)
-    except Exception:
+    except subprocess.TimeoutExpired:
         server.kill()
+    deadline = time.time() + 60
+    while listening := node.run("ss -ltnpH 'sport = :8000'").stdout.strip():
+        if time.time() > deadline:  # the server's session: every process it started
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGKILL)
+        if time.time() > deadline + 30:
+            raise RuntimeError(f"port 8000 on {node.ip} still taken 90 s after `vllm serve` "
+                               f"was stopped: {listening}")
+        time.sleep(1)
 
 
 def test_data_and_expert_parallel_across_nodes(cluster, tmp_path):
@@ -72,7 +89,7 @@ def test_data_and_expert_parallel_across_nodes(cluster, tmp_path):
         assert [actors_on(n, "DPMoEEngineCoreActor") for n in (a, b)] == [1, 1]
         assert [actors_on(n, "RayWorkerProc") for n in (a, b)] == [1, 1]
     finally:
-        _stop(server)
+        _stop(server, a)
 
 
 def test_readme_server_then_a_node_lost_mid_request(cluster, tiny_models, tmp_path):
@@ -113,4 +130,4 @@ def test_readme_server_then_a_node_lost_mid_request(cluster, tiny_models, tmp_pa
         assert "died unexpectedly, shutting down executor" in text
         assert "a Ray worker of this engine died" in text
     finally:
-        _stop(server)
+        _stop(server, a)
