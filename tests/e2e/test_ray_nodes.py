@@ -22,7 +22,8 @@ from tests.helpers.reference import hf_greedy, random_prompt
 
 pytestmark = pytest.mark.skipif(not netns_available(),
                                 reason="needs root + network namespaces")
-SERVE_ARGS = ("--port 8000 --served-model-name tiny --dtype float32 --max-model-len 512 "
+PORT = 8000
+SERVE_ARGS = (f"--port {PORT} --served-model-name tiny --dtype float32 --max-model-len 512 "
               "--num-gpu-blocks-override 16")
 
 
@@ -59,12 +60,12 @@ def _stop(server, node) -> None:
     except subprocess.TimeoutExpired:
         server.kill()
     deadline = time.time() + 60
-    while listening := node.run("ss -ltnpH 'sport = :8000'").stdout.strip():
+    while listening := node.run(f"ss -ltnpH 'sport = :{PORT}'").stdout.strip():
         if time.time() > deadline:  # the server's session: every process it started
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(server.pid, signal.SIGKILL)
         if time.time() > deadline + 30:
-            raise RuntimeError(f"port 8000 on {node.ip} still taken 90 s after `vllm serve` "
+            raise RuntimeError(f"port {PORT} on {node.ip} still taken 90 s after `vllm serve` "
                                f"was stopped: {listening}")
         time.sleep(1)
 
@@ -83,7 +84,7 @@ def test_data_and_expert_parallel_across_nodes(cluster, tmp_path):
     log = tmp_path / "serve.log"
     server = recipe.start(step, f"--host {a.ip} {SERVE_ARGS}", log, env={"MOE": model})
     try:
-        wait_healthy(a, 8000, server, log)
+        wait_healthy(a, PORT, server, log)
         prompts = [random_prompt(90 + i, 12 + 30 * i, vocab(model)) for i in range(4)]
         assert complete_on(a, prompts, 10) == [hf_greedy(model, p, 10) for p in prompts]
         assert [actors_on(n, "DPMoEEngineCoreActor") for n in (a, b)] == [1, 1]
@@ -103,7 +104,7 @@ def test_readme_server_then_a_node_lost_mid_request(cluster, tiny_models, tmp_pa
     log = tmp_path / "serve.log"
     server = recipe.start(serve, f"--host {a.ip} {SERVE_ARGS}", log)
     try:
-        wait_healthy(a, 8000, server, log)
+        wait_healthy(a, PORT, server, log)
         prompts = [random_prompt(70 + i, 20 + 40 * i, vocab(model)) for i in range(2)]
         assert complete_on(a, prompts, 12) == [hf_greedy(model, p, 12) for p in prompts]
         assert [actors_on(n, "RayWorkerProc") for n in (a, b)] == [2, 2]
@@ -113,7 +114,7 @@ def test_readme_server_then_a_node_lost_mid_request(cluster, tiny_models, tmp_pa
         request = {"prompt": prompts[0], "max_tokens": 400, "timeout": 200,
                    "signal_after": 3, "signal_file": str(started)}
         reader = threading.Thread(target=lambda: out.update(
-            res=client(a, 8000, "stream", json.dumps(request))))
+            res=client(a, PORT, "stream", json.dumps(request))))
         reader.start()
         deadline = time.time() + 120
         while not started.exists() and reader.is_alive() and time.time() < deadline:

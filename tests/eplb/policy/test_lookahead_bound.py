@@ -40,15 +40,15 @@ def test_steady_forgets_its_recent_past_and_walk_keeps_it(seed: int) -> None:
     def shares(x):
         return x / x.sum(axis=-1, keepdims=True)
 
-    for family, recent_wins in (("steady", False), ("walk", True)):
+    for family in ("steady", "walk"):
         data = generate_family(FamilyConfig(family=family, num_layers=4, num_windows=3,
                                             seed=seed))
         for w in range(3):
             nxt = shares(data[w + 1].sum(axis=0))
             err_mean = np.abs(shares(data[w].sum(axis=0)) - nxt).sum(axis=-1).mean()
             err_recent = np.abs(shares(data[w, -2:].sum(axis=0)) - nxt).sum(axis=-1).mean()
-            assert (err_recent < 0.9 * err_mean) == recent_wins, (family, w)
-            assert (err_recent > 1.1 * err_mean) != recent_wins, (family, w)
+            ratio = err_recent / err_mean
+            assert ratio > 1.1 if family == "steady" else ratio < 0.9, (family, w, ratio)
 
 
 def test_families_reject_an_unknown_family() -> None:
