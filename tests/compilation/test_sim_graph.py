@@ -259,6 +259,36 @@ def test_a_graph_first_replayed_after_its_memory_moved_is_prepared_again():
         torch.testing.assert_close(out, x @ w.t(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("alias", ["data", "view", "in_place"])
+def test_memory_reached_through_a_captured_alias_is_checked_for_moves(alias):
+    """A weight the capture reached through an alias (NPURMSNorm passes `weight.data`: a
+    view recorded as a static call; or an in-place op's output, which is its input) is
+    outside the graph's own memory: when sleep mode moves it alone, the launches are
+    prepared again. (Found as decodes turning to token 0 after a level-2 sleep, only when
+    every other weight came back at its old address.)"""
+    from vllm_npu.ops import sim
+    from vllm_npu.ops.sim import native
+
+    if native.library() is None:
+        pytest.skip("no native kernels library (install without a C compiler)")
+    x, gamma = torch.randn(16, 32), torch.randn(32)
+    reach = {"data": lambda: gamma.data, "view": lambda: gamma.view(32),
+             "in_place": lambda: gamma.mul_(1.0)}[alias]
+    with torch.inference_mode():
+        graph, out = _capture(lambda: sim.npu_rms_norm(x, reach(), 1e-6)[0])
+        graph.replay()
+        storage = gamma.untyped_storage()
+        before = storage.data_ptr()
+        saved = gamma.clone()
+        storage.resize_(0)
+        storage.resize_(saved.numel() * 4 + (1 << 20))  # awake at another address
+        assert storage.data_ptr() != before
+        gamma.copy_(saved * 2)
+        graph.replay()
+        want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * gamma
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
 def test_gathers_copies_and_id_conversions_replay_as_prepared_launches():
     """`embedding`, `index_select` along dim 0, `cat` and an int32 -> int64 `to` are
     prepared at capture (gather and copy tasks of the native program); a replay reads the

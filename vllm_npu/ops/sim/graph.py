@@ -38,7 +38,8 @@ from torch.utils._pytree import tree_leaves
 
 from vllm_npu.ops.sim import cores, graph_aten, graph_program, native, update_stream
 from vllm_npu.ops.sim.aten_launches import OWN_LAUNCH
-from vllm_npu.ops.sim.graph_aten import MATMULS, OWN_REPLAY, is_static, out_overload
+from vllm_npu.ops.sim.graph_aten import (ALLOCATIONS, MATMULS, OWN_REPLAY, is_static,
+                                         out_overload)
 from vllm_npu.ops.sim.checks import NPUOpError
 from vllm_npu.ops.sim.opaque import NAMESPACE as OPAQUE_SIM
 from vllm_npu.ops.sim.task_args import addresses, hold, resolve, same_call
@@ -154,6 +155,8 @@ class _Recorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         if is_static(func, args, kwargs, out):
             self.graph.static.append(out)  # kept alive with the graph, as its pool is
+            if func.name() in ALLOCATIONS:
+                self.graph.pool.append(out)
         else:
             own = OWN_REPLAY.get(func) if type(out) is torch.Tensor else None
             in_place = own or (out_overload(func) if type(out) is torch.Tensor else None)
@@ -172,6 +175,9 @@ class SimGraph:
     def __init__(self) -> None:
         self.entries: list[_Entry] = []
         self.static: list[Any] = []  # captured allocations and views: no replay work
+        # the captured allocations alone: the graph's own memory (its pool on a device);
+        # a captured view may alias memory outside the graph (a weight's `.data`)
+        self.pool: list[Any] = []
         self.tasks: list[TaskHandle] = []
         self.replays = 0
         self._recorder: _Recorder | None = None
@@ -180,7 +186,7 @@ class SimGraph:
     def capture_begin(self, pool: Any = None) -> None:
         if _state.capturing is not None:
             raise RuntimeError("a simulated graph is already capturing")
-        self.entries, self.static, self.tasks = [], [], []
+        self.entries, self.static, self.pool, self.tasks = [], [], [], []
         self._plan = None
         self._recorder = _Recorder(self)
         self._recorder.__enter__()
@@ -199,12 +205,12 @@ class SimGraph:
         if _state.capturing is not None:
             raise RuntimeError("cannot replay while a graph is capturing")
         if self._plan is None:
-            self._plan = graph_program.plan(self.entries, self.static)
+            self._plan = graph_program.plan(self.entries, self.pool)
         if not graph_program.unmoved(self._plan[1]):
             for entry in self.entries:  # memory moved (sleep mode): launches prepared again
                 if entry.builder is not None:
                     entry.prepare(entry.builder)
-            self._plan = graph_program.plan(self.entries, self.static)
+            self._plan = graph_program.plan(self.entries, self.pool)
         # Recorded aten calls are below __torch_function__: a parameter subclass's
         # override (vLLM's BasevLLMParameter) already ran at capture, not again per replay.
         with torch.inference_mode(), torch._C.DisableTorchFunctionSubclass():
@@ -225,7 +231,7 @@ class SimGraph:
             self._plan = None
 
     def reset(self) -> None:
-        self.entries, self.static, self.tasks = [], [], []
+        self.entries, self.static, self.pool, self.tasks = [], [], [], []
         self._plan = None
 
 

@@ -55,12 +55,29 @@ class Program:
         self.launches()
 
 
-def plan(entries: list, static: list) -> tuple[list, list, dict[int, Program]]:
+def _storages(tree: Any) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tree_leaves(tree)
+            if isinstance(t, torch.Tensor)}
+
+
+def _own_memory(entries: list, pool: list) -> set[int]:
+    """The graph's own buffers: its captured allocations and the outputs its entries
+    allocated. Not an output that aliases an input (an in-place op on a weight or the KV
+    cache), nor a captured view (a weight's `.data`): that memory is outside the graph and
+    sleep mode moves it."""
+    owned = _storages(pool)
+    for entry in entries:
+        if not entry.task:  # a task's outputs are its `out` arguments (graph.py)
+            owned |= _storages(entry.outputs) - _storages((entry.args, entry.kwargs))
+    return owned
+
+
+def plan(entries: list, pool: list) -> tuple[list, list, dict[int, Program]]:
     """The replay's steps (a Program per run of consecutive entries with launches, the
     other entries as they are), the storages the non-task launches address outside the
-    graph's own buffers (storage, address, bytes), and each task entry's Program."""
-    owned = {t.untyped_storage().data_ptr() for t in tree_leaves(
-        ([e.outputs for e in entries], static)) if isinstance(t, torch.Tensor)}
+    graph's own buffers (`_own_memory`; storage, address, bytes), and each task entry's
+    Program."""
+    owned = _own_memory(entries, pool)
     steps: list = []
     run: list = []
     for entry in entries:
