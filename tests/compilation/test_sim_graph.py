@@ -237,6 +237,19 @@ def test_prepared_launches_run_as_one_program_and_follow_memory_that_moved(mocke
         torch.testing.assert_close(out, want(), rtol=1e-5, atol=1e-5)
 
 
+def _asleep_then_awake_elsewhere(t: torch.Tensor, scale: float) -> None:
+    """Sleep mode on a float32 tensor (worker/sleep.py resizes storages in place): its
+    storage freed, then re-allocated larger, so at another address, holding its old values
+    x ``scale``."""
+    saved = t.clone()
+    storage = t.untyped_storage()
+    before = storage.data_ptr()
+    storage.resize_(0)
+    storage.resize_(saved.numel() * 4 + (1 << 20))
+    assert storage.data_ptr() != before
+    t.copy_(saved * scale)
+
+
 def test_a_graph_first_replayed_after_its_memory_moved_is_prepared_again():
     """A graph captured, never replayed, then its weight's storage moved (sleep and wake
     up): the first replay's plan must see the launches' capture-time address is stale
@@ -248,13 +261,7 @@ def test_a_graph_first_replayed_after_its_memory_moved_is_prepared_again():
     x, w = torch.randn(16, 32), torch.randn(24, 32)
     with torch.inference_mode():
         graph, out = _capture(lambda: torch.nn.functional.linear(x, w))
-        saved = w.clone()
-        storage = w.untyped_storage()
-        before = storage.data_ptr()
-        storage.resize_(0)
-        storage.resize_(saved.numel() * 4 + (1 << 20))  # awake at another address
-        assert storage.data_ptr() != before
-        w.copy_(saved * 3)
+        _asleep_then_awake_elsewhere(w, scale=3)
         graph.replay()
         torch.testing.assert_close(out, x @ w.t(), rtol=1e-5, atol=1e-5)
 
@@ -277,13 +284,7 @@ def test_memory_reached_through_a_captured_alias_is_checked_for_moves(alias):
     with torch.inference_mode():
         graph, out = _capture(lambda: sim.npu_rms_norm(x, reach(), 1e-6)[0])
         graph.replay()
-        storage = gamma.untyped_storage()
-        before = storage.data_ptr()
-        saved = gamma.clone()
-        storage.resize_(0)
-        storage.resize_(saved.numel() * 4 + (1 << 20))  # awake at another address
-        assert storage.data_ptr() != before
-        gamma.copy_(saved * 2)
+        _asleep_then_awake_elsewhere(gamma, scale=2)
         graph.replay()
         want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * gamma
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
