@@ -62,8 +62,10 @@ def _storages(tree: Any) -> set[int]:
 
 def _own_memory(entries: list, pool: list) -> set[int]:
     """The graph's own buffers: its captured allocations and the outputs its entries
-    allocated. Not an output that aliases an input (an in-place op on a weight or the KV
-    cache), nor a captured view (a weight's `.data`): that memory is outside the graph and
+    allocated (on a device, the graph's memory pool: torch_npu `NPUGraph::capture_begin`
+    in csrc/core/npu/NPUGraph.cpp routes the capture's allocations to the graph's
+    `MemPool`). Not an output that aliases an input (an in-place op on a weight or the KV
+    cache), nor a captured view (a weight's `.data`): that memory is outside the pool and
     sleep mode moves it."""
     owned = _storages(pool)
     for entry in entries:
