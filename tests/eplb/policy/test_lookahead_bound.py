@@ -229,14 +229,19 @@ def test_two_slot_enumeration_declines_what_it_cannot_certify() -> None:
     assert layer_peak(load, solve_layer(load, 3, 2)) == pytest.approx(10.0)
 
 
-def _domain_out(seed: int, memory: float, **options: float) -> float:
-    """Mean OUT of windows 2-5 of the domain family at 32 x 9 (6 layers), lookahead handed
-    the earlier windows' totals when ``memory`` > 0."""
-    cfg = FamilyConfig(family="domain", num_ranks=32, num_layers=6, num_windows=6, seed=seed)
-    data = generate_family(cfg)
-    totals = data.sum(axis=1)
+def _domain(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The domain family at 32 x 9 (6 layers, 6 windows): sub-windows and window totals."""
+    data = generate_family(FamilyConfig(family="domain", num_ranks=32, num_layers=6,
+                                        num_windows=6, seed=seed))
+    return data, data.sum(axis=1)
+
+
+def _domain_out(data: np.ndarray, totals: np.ndarray, memory: float,
+                **options: float) -> float:
+    """Mean OUT of windows 2-5, lookahead handed the earlier windows' totals when
+    ``memory`` > 0."""
     pol, prev, out = LookaheadPolicy(memory=memory, **options), None, []
-    for w in range(cfg.num_windows):
+    for w in range(data.shape[0] - 1):
         prev = pol.rebalance(data[w], 32, 9, old_phy2log=prev,
                              history=totals[:w] if memory else None)
         if w >= 2:
@@ -257,15 +262,12 @@ def test_lookahead_memory_hedges_domain_jumps(memory: float, options: dict) -> N
     1.5098 -> 1.4433, 1.1972 -> 1.1875, 1.5232 -> 1.4212, 1.3225 -> 1.3261, 1.4407 ->
     1.4568 (mean 1.3960 -> 1.3529). A jump no window predicts can go either way on one seed.
     """
-    seeds = [TUNING_SEEDS[0], *REPORT_SEEDS]
-    without = np.mean([_domain_out(seed, 0.0, **options) for seed in seeds])
-    with_memory = np.mean([_domain_out(seed, memory, **options) for seed in seeds])
+    runs = [_domain(seed) for seed in (TUNING_SEEDS[0], *REPORT_SEEDS)]
+    without = np.mean([_domain_out(*run, 0.0, **options) for run in runs])
+    with_memory = np.mean([_domain_out(*run, memory, **options) for run in runs])
     assert with_memory < without, (without, with_memory)
     # no memory in the instance: the same call gives the same plan after other calls
-    cfg = FamilyConfig(family="domain", num_ranks=32, num_layers=6, num_windows=4,
-                       seed=TUNING_SEEDS[0])
-    data = generate_family(cfg)
-    totals = data.sum(axis=1)
+    data, totals = runs[0]
     pol = LookaheadPolicy(memory=memory, **options)
     for w in range(3):
         pol.rebalance(data[w], 32, 9, history=totals[:w])
